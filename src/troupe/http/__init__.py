@@ -1,0 +1,1 @@
+"""The HTTP surface: llama.cpp-compatible router routes in front of the relay."""

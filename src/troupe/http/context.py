@@ -1,0 +1,184 @@
+"""`RouterContext`: what the HTTP layer and the service share (one per running router)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import trio
+
+from troupe.actors.instance import LaunchSpec
+from troupe.actors.scheduler import ModelUnavailable, Scheduler
+from troupe.catalog import Catalog, ModelEntry, build_catalog, check_startup, needs_restart
+from troupe.child.ledger import PidLedger
+from troupe.engine import Engine
+from troupe.errors import ConfigError, TroupeError
+from troupe.http.conversations import ConversationTracker
+from troupe.proxy.relay import Relay
+from troupe.sched import Failure, ModelConfig, SchedulerCore, Status
+from troupe.settings.options import OptionTable
+from troupe.settings.router import RouterSettings
+
+__all__ = ["RouterContext", "build_context", "model_configs"]
+
+log = logging.getLogger("troupe.router")
+
+FAKE_TIMING_ENV = "LLAMA_SERVER_DEBUG_FAKE_TIMING"
+TERM_GRACE = 5.0  # seconds a child gets after SIGTERM before SIGKILL
+
+
+def model_configs(catalog: Catalog) -> list[ModelConfig]:
+    return [
+        ModelConfig(
+            name=e.name,
+            pin=e.pin,
+            ttl=float(e.ttl) if e.ttl is not None else None,
+        )
+        for e in catalog
+    ]
+
+
+class RouterContext:
+    """Settings, catalogue, scheduler and relay of one router, and how to start a child."""
+
+    def __init__(
+        self,
+        settings: RouterSettings,
+        engine: Engine,
+        table: OptionTable,
+        catalog: Catalog,
+        ledger: PidLedger | None,
+        environ: dict[str, str],
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.table = table
+        self.catalog = catalog
+        self.environ = environ
+        self.fake_timing = bool(environ.get(FAKE_TIMING_ENV))
+        core = SchedulerCore(
+            model_configs(catalog), settings.models_max, fake_timing=self.fake_timing
+        )
+        self.scheduler = Scheduler(core, self, ledger=ledger)
+        self.relay = Relay(float(settings.timeout))
+        self.conversations = ConversationTracker()
+        self.ready = False
+        self.http_stop = trio.Event()
+        self.http_done = trio.Event()
+        self._reload_lock = trio.Lock()
+        # status.args shows the last rendered command line (port 0 before a first load).
+        self._last_args: dict[str, list[str]] = {}
+
+    # ----- Launcher (for the scheduler) ---------------------------------------------------
+
+    def launch_spec(self, model: str) -> LaunchSpec:
+        entry = self.catalog.get(model)
+        if entry is None:
+            raise ConfigError(f"model {model} is not in the catalogue")
+        env = dict(self.environ)
+        # The configured port, even 0 (upstream); its presence is what makes a child a child.
+        env["LLAMA_SERVER_ROUTER_PORT"] = str(self.settings.port)
+
+        def argv(port: int) -> list[str]:
+            args = self.render_args(entry, port)
+            self._last_args[model] = args
+            return args
+
+        return LaunchSpec(
+            model=model,
+            argv=argv,
+            env=env,
+            stop_timeout=float(entry.stop_timeout),
+            term_grace=TERM_GRACE,
+            cwd=self.catalog.cwd,
+        )
+
+    def render_args(self, entry: ModelEntry, port: int) -> list[str]:
+        return self.catalog.child_args(
+            entry,
+            port,
+            bin_path=str(self.engine.path),
+            app_cmd=self.environ.get("LLAMA_APP_CMD", ""),
+        )
+
+    def status_args(self, entry: ModelEntry) -> list[str]:
+        return self._last_args.get(entry.name) or self.render_args(entry, 0)
+
+    # ----- lifecycle ---------------------------------------------------------------------
+
+    def max_stop_seconds(self) -> float:
+        timeouts = [e.stop_timeout for e in self.catalog]
+        return float(max(timeouts, default=10)) + TERM_GRACE
+
+    async def stop_http(self) -> None:
+        self.http_stop.set()
+        await self.http_done.wait()
+        with trio.CancelScope(shield=True):
+            await self.relay.aclose()
+
+    async def reload(self) -> None:
+        """``GET /models?reload=1`` (§6.9): re-scan; restart running models whose preset
+        changed or vanished, and wait for them; add new ones without loading them. A
+        broken preset answers 500 and leaves the current catalogue working."""
+        async with self._reload_lock:
+            try:
+                fresh = await trio.to_thread.run_sync(self._scan, True)
+            except ConfigError as exc:
+                raise ModelUnavailable(Failure.server_error(str(exc))) from None
+            for warning in fresh.warnings:
+                log.warning("%s", warning)
+            running = {
+                name
+                for name, view in self.scheduler.snapshot.models.items()
+                if view.status.is_running
+            }
+            restart = tuple(sorted(name for name in running if self._changed(name, fresh)))
+            if restart:
+                log.info("reload restarts %s", ", ".join(restart))
+            await self.scheduler.begin_reload(restart)
+            await self.scheduler.wait_until(
+                lambda snap: all(
+                    snap.models[n].status is Status.UNLOADED for n in restart if n in snap.models
+                )
+            )
+            self.catalog = fresh
+            self._last_args = {k: v for k, v in self._last_args.items() if k in fresh}
+            await self.scheduler.finish_reload(tuple(model_configs(fresh)))
+
+    def _scan(self, reload: bool) -> Catalog:
+        return build_catalog(
+            self.settings, self.table, self.environ, self.catalog.cwd, reload=reload
+        )
+
+    def _changed(self, name: str, fresh: Catalog) -> bool:
+        old, new = self.catalog.get(name), fresh.get(name)
+        return old is None or new is None or needs_restart(old.preset, new.preset)
+
+    async def load_on_startup(self) -> None:
+        """Spawn each ``load-on-startup`` model in turn, once the server listens (§6.8)."""
+        for name in self.catalog.startup_models():
+            try:
+                await self.scheduler.load(name)
+            except ModelUnavailable as exc:
+                raise TroupeError(f"failed to load models on startup: {name}: {exc}") from None
+
+
+def build_context(
+    settings: RouterSettings,
+    engine: Engine,
+    table: OptionTable,
+    ledger: PidLedger | None,
+    environ: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> RouterContext:
+    env = dict(os.environ if environ is None else environ)
+    try:
+        catalog = build_catalog(settings, table, env, cwd or Path.cwd())
+        check_startup(catalog, settings.models_max)
+    except ConfigError as exc:
+        raise ConfigError(f"failed to initialize router models: {exc}") from None
+    for warning in catalog.warnings:
+        log.warning("%s", warning)
+    log.info("%d models in the catalogue", len(catalog))
+    return RouterContext(settings, engine, table, catalog, ledger, env)

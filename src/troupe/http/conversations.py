@@ -1,0 +1,70 @@
+"""The conversation tracker: ``X-Conversation-Id`` -> the model serving it (spec §6.6).
+
+Each POST carrying the header is remembered with a fresh ticket before it waits for
+its model; a newer request for the same conversation, or ``DELETE /v1/stream``,
+invalidates the ticket. A request waiting under a ticket is not cancelled by its
+client going away (a page reload must not cancel the load), only by such a stop,
+which cancels the wait's scope at once rather than after the load (upstream only
+checks after). Entries never expire, as upstream.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+import trio
+
+__all__ = ["ConversationTracker"]
+
+
+@attrs.define
+class _Entry:
+    model: str
+    ticket: int
+    scope: trio.CancelScope | None = None
+
+
+class ConversationTracker:
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._tickets = itertools.count(1)
+
+    def remember(self, conv_id: str, model: str) -> int:
+        """A new ticket for ``conv_id`` (replacing, and cancelling, any older wait)."""
+        self._cancel(conv_id)
+        ticket = next(self._tickets)
+        self._entries[conv_id] = _Entry(model, ticket)
+        return ticket
+
+    def attach(self, conv_id: str, ticket: int, scope: trio.CancelScope) -> None:
+        """The wait of ``ticket`` runs in ``scope``; a stop cancels it."""
+        entry = self._entries.get(conv_id)
+        if entry is not None and entry.ticket == ticket:
+            entry.scope = scope
+
+    def detach(self, conv_id: str, ticket: int) -> None:
+        entry = self._entries.get(conv_id)
+        if entry is not None and entry.ticket == ticket:
+            entry.scope = None
+
+    def alive(self, conv_id: str, ticket: int) -> bool:
+        entry = self._entries.get(conv_id)
+        return entry is not None and entry.ticket == ticket
+
+    def lookup(self, conv_id: str) -> str | None:
+        entry = self._entries.get(conv_id)
+        return entry.model if entry is not None else None
+
+    def forget(self, conv_id: str) -> None:
+        self._cancel(conv_id)
+        self._entries.pop(conv_id, None)
+
+    def _cancel(self, conv_id: str) -> None:
+        entry = self._entries.get(conv_id)
+        if entry is not None and entry.scope is not None:
+            entry.scope.cancel()
+            entry.scope = None
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,56 @@
+"""Upstream-shaped error bodies and JSON encoding, byte for byte.
+
+``format_error_response`` in llama.cpp orders keys code, message, type; the global
+middleware errors (401, 404, 503 "Loading model") order them message, type, code.
+Clients and scripts compare these, so both orders are kept.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from troupe.sched.effects import Failure
+
+__all__ = [
+    "JSON_TYPE",
+    "dumps",
+    "error_body",
+    "failure_body",
+    "middleware_error_body",
+]
+
+JSON_TYPE = "application/json; charset=utf-8"
+
+_STATUS_OF_TYPE = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "server_error": 500,
+    "not_supported_error": 501,
+    "unavailable_error": 503,
+    "exceed_context_size_error": 400,
+}
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON, as llama.cpp writes it (UTF-8, no spaces)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def error_body(message: str, type_: str) -> bytes:
+    """``{"error":{"code":..,"message":..,"type":..}}`` (format_error_response)."""
+    code = _STATUS_OF_TYPE.get(type_, 500)
+    return dumps({"error": {"code": code, "message": message, "type": type_}})
+
+
+def failure_body(failure: Failure) -> bytes:
+    return dumps(
+        {"error": {"code": failure.status, "message": failure.message, "type": failure.type}}
+    )
+
+
+def middleware_error_body(message: str, type_: str, code: int) -> bytes:
+    """The global middleware's order: message, type, code."""
+    return dumps({"error": {"message": message, "type": type_, "code": code}})

@@ -1,0 +1,237 @@
+"""Proxied routes: find the model a request names, lease its child, relay (spec §3.5)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from urllib.parse import quote
+
+import trio
+from werkzeug.formparser import MultiPartParser
+from werkzeug.http import parse_options_header
+
+from troupe.actors.scheduler import ModelUnavailable
+from troupe.catalog import ModelEntry
+from troupe.http.asgi import (
+    BodyTooLarge,
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    header,
+    query_params,
+    read_body,
+    send_response,
+)
+from troupe.http.context import RouterContext
+from troupe.http.errors import dumps, error_body, failure_body
+from troupe.http.streams import owner_of
+from troupe.sched import Failure, Snapshot, Status
+
+__all__ = [
+    "BadRequest",
+    "autoload_flag",
+    "handle_proxy_get",
+    "handle_proxy_post",
+    "handle_stream_get",
+    "handle_websocket",
+    "model_from_body",
+    "validate_model",
+]
+
+log = logging.getLogger("troupe.http")
+
+FAKE_TIMING_DELAY = 2.0  # LLAMA_SERVER_DEBUG_FAKE_TIMING: seconds counted busy before relaying
+
+
+class BadRequest(Exception):
+    pass
+
+
+def autoload_flag(scope: Scope, default: bool) -> bool:
+    """``?autoload=``: empty means the server setting; else true only for "true" or "1"."""
+    value = query_params(scope).get("autoload", "")
+    return default if value == "" else value in ("true", "1")
+
+
+def model_from_body(body: bytes, content_type: str | None) -> str:
+    """The ``model`` field of a JSON body or a multipart form; "" when absent or not a string."""
+    mime, options = parse_options_header(content_type or "")
+    if mime == "multipart/form-data":
+        boundary = options.get("boundary", "").encode("latin-1")
+        if not boundary:
+            raise BadRequest("multipart body without a boundary")
+        try:
+            form, _files = MultiPartParser().parse(io.BytesIO(body), boundary, len(body))
+        except ValueError as exc:
+            raise BadRequest(f"invalid multipart body: {exc}") from None
+        value = form.get("model", "")
+        return value if isinstance(value, str) else ""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise BadRequest(f"invalid JSON in request body: {exc}") from None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) else ""
+
+
+def validate_model(ctx: RouterContext, name: str, autoload: bool) -> ModelEntry | Failure:
+    """upstream ``router_validate_model``: missing, unknown, or not loaded without autoload."""
+    if not name:
+        return Failure.bad_request("model name is missing from the request")
+    entry = ctx.catalog.resolve(name)
+    if entry is None:
+        return Failure.bad_request(f"model '{name}' not found")
+    if not autoload:
+        view = ctx.scheduler.snapshot.models.get(entry.name)
+        if view is None or not view.status.is_running:
+            return Failure.bad_request("model is not loaded")
+    return entry
+
+
+async def _send_failure(send: Send, failure: Failure) -> None:
+    await send_response(send, failure.status, failure_body(failure))
+
+
+def _crash_detail(ctx: RouterContext, model: str) -> Callable[[], Awaitable[str | None]]:
+    async def detail() -> str | None:
+        # The connection broke; the scheduler learns why (exit code, log tail) a moment later.
+        def gone(snapshot: Snapshot) -> bool:
+            view = snapshot.models.get(model)
+            return view is None or view.status is Status.UNLOADED
+
+        with trio.move_on_after(1.0):
+            await ctx.scheduler.wait_until(gone)
+            view = ctx.scheduler.snapshot.models.get(model)
+            if view is not None and view.last_error:
+                return f"model {model} crashed: {view.last_error}"
+        return None
+
+    return detail
+
+
+async def _serve(
+    ctx: RouterContext,
+    scope: Scope,
+    send: Send,
+    name: str,
+    body: bytes,
+    *,
+    update_last_used: bool,
+    conv_id: str = "",
+) -> None:
+    autoload = autoload_flag(scope, ctx.settings.models_autoload)
+    checked = validate_model(ctx, name, autoload)
+    if isinstance(checked, Failure):
+        await _send_failure(send, checked)
+        return
+    scheduler = ctx.scheduler
+    tracker = ctx.conversations
+    # Registered before the wait, so a stop issued while the model loads can cancel it.
+    ticket = tracker.remember(conv_id, checked.name) if conv_id else 0
+    try:
+        # A conversation's wait ignores the client going away (a page reload must not
+        # cancel the load); only a stop of the conversation cancels it (§6.6).
+        with trio.CancelScope(shield=bool(ticket)) as wait_scope:
+            if ticket:
+                tracker.attach(conv_id, ticket, wait_scope)
+            rid, grant = await scheduler.acquire(
+                checked.name, autoload=autoload, update_last_used=update_last_used
+            )
+    except ModelUnavailable as exc:
+        await _send_failure(send, exc.failure)
+        return
+    finally:
+        if ticket:
+            tracker.detach(conv_id, ticket)
+    if ticket and (wait_scope.cancelled_caught or not tracker.alive(conv_id, ticket)):
+        if not wait_scope.cancelled_caught:
+            await scheduler.release(rid)
+        msg = "request cancelled by a stop while the model was loading"
+        await _send_failure(send, Failure.bad_request(msg))
+        return
+    try:
+        if ctx.fake_timing:
+            await trio.sleep(FAKE_TIMING_DELAY)  # counted busy meanwhile, like upstream
+        await ctx.relay.relay(
+            scope,
+            send,
+            port=grant.port,
+            body=body,
+            detached=bool(ticket) and grant.waited,
+            crash_detail=_crash_detail(ctx, grant.model),
+        )
+    finally:
+        await scheduler.release(rid)
+
+
+async def handle_proxy_post(ctx: RouterContext, scope: Scope, receive: Receive, send: Send) -> None:
+    try:
+        body = await read_body(receive, ctx.settings.max_body_bytes)
+    except ClientGone:
+        return
+    except BodyTooLarge:
+        limit = ctx.settings.max_body_bytes
+        msg = f"request body is larger than the limit of {limit} bytes"
+        await send_response(
+            send,
+            413,
+            dumps({"error": {"code": 413, "message": msg, "type": "invalid_request_error"}}),
+        )
+        return
+    try:
+        name = model_from_body(body, header(scope, b"content-type"))
+    except BadRequest as exc:
+        await send_response(send, 400, error_body(str(exc), "invalid_request_error"))
+        return
+    conv_id = header(scope, b"x-conversation-id") or ""
+    await _serve(ctx, scope, send, name, body, update_last_used=True, conv_id=conv_id)
+
+
+async def handle_proxy_get(ctx: RouterContext, scope: Scope, receive: Receive, send: Send) -> None:
+    name = query_params(scope).get("model", "")
+    # GET does not count as use: a dashboard polling /slots must not keep a model warm.
+    await _serve(ctx, scope, send, name, b"", update_last_used=False)
+
+
+async def handle_stream_get(ctx: RouterContext, scope: Scope, send: Send) -> None:
+    """``GET /v1/stream?conv_id=&from=``: replay from the child that owns the conversation."""
+    params = query_params(scope)
+    conv_id = params.get("conv_id", "")
+    if not conv_id:
+        await send_response(
+            send, 400, error_body("Missing conversation id in path", "invalid_request_error")
+        )
+        return
+    owner = owner_of(ctx, conv_id)
+    if owner is None:
+        model = ctx.conversations.lookup(conv_id)
+        view = ctx.scheduler.snapshot.models.get(model) if model else None
+        if view is not None and view.status in (
+            Status.LOADING,
+            Status.DOWNLOADING,
+            Status.DOWNLOADED,
+        ):
+            body = error_body("Stream owner model is loading, retry later", "unavailable_error")
+            await send_response(send, 503, body)
+        else:
+            await send_response(
+                send, 404, error_body("Stream not found or expired", "not_found_error")
+            )
+        return
+    path = f"/v1/stream?conv_id={quote(conv_id, safe='')}"
+    if params.get("from"):
+        path += f"&from={params['from']}"
+    await ctx.relay.relay(scope, send, port=owner.port, body=b"", method="GET", path=path)
+
+
+async def handle_websocket(ctx: RouterContext, scope: Scope, receive: Receive, send: Send) -> None:
+    from troupe.proxy.websocket import bridge_websocket  # noqa: PLC0415
+
+    await bridge_websocket(ctx, scope, receive, send)

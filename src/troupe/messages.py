@@ -1,0 +1,124 @@
+"""Every message sent to the scheduler actor, on one page (attrs, frozen).
+
+Requests carry a one-shot reply channel opened by the asker; the scheduler answers
+with ``send_nowait`` and drops a reply whose asker is gone. Instance actors report
+what their child did, tagged with the generation they were started for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+
+from troupe.sched.effects import Failure, Grant
+from troupe.sched.table import ModelConfig
+
+__all__ = [
+    "Acquire",
+    "BeginReload",
+    "ChildState",
+    "Exited",
+    "FinishReload",
+    "LoadModel",
+    "Message",
+    "Release",
+    "ReplyChannel",
+    "Spawned",
+    "StopAll",
+    "UnloadModel",
+]
+
+ReplyChannel = trio.MemorySendChannel[Grant | Failure | None]
+
+
+@attrs.frozen
+class Acquire:
+    rid: int
+    model: str
+    autoload: bool
+    update_last_used: bool
+    reply: ReplyChannel
+
+
+@attrs.frozen
+class Release:
+    """The lease ``rid`` ended, or its request stopped waiting."""
+
+    rid: int
+
+
+@attrs.frozen
+class LoadModel:
+    rid: int
+    model: str
+    reply: ReplyChannel
+
+
+@attrs.frozen
+class UnloadModel:
+    rid: int
+    model: str
+    reply: ReplyChannel
+
+
+@attrs.frozen
+class StopAll:
+    rid: int
+    reply: ReplyChannel
+
+
+@attrs.frozen
+class BeginReload:
+    """Loads wait; the running models named are stopped (their preset changed)."""
+
+    rid: int
+    restart: tuple[str, ...]
+    reply: ReplyChannel
+
+
+@attrs.frozen
+class FinishReload:
+    rid: int
+    models: tuple[ModelConfig, ...]
+    reply: ReplyChannel
+
+
+@attrs.frozen
+class Spawned:
+    model: str
+    gen: int
+    port: int
+    pid: int
+
+
+@attrs.frozen
+class ChildState:
+    model: str
+    gen: int
+    state: str
+    payload: Any
+
+
+@attrs.frozen
+class Exited:
+    model: str
+    gen: int
+    code: int  # upstream's view: a signal death is 1
+    expected: bool  # troupe asked it to stop
+    detail: str | None  # why, with the last stderr lines, for an unexpected or failed exit
+
+
+Message = (
+    Acquire
+    | Release
+    | LoadModel
+    | UnloadModel
+    | StopAll
+    | BeginReload
+    | FinishReload
+    | Spawned
+    | ChildState
+    | Exited
+)

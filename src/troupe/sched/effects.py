@@ -1,0 +1,87 @@
+"""What the scheduler core asks its actor to do. Plain frozen data, no behaviour."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+__all__ = ["Effect", "Emit", "Failure", "Grant", "Reply", "Spawn", "Stop"]
+
+
+@attrs.frozen
+class Spawn:
+    """Start a child for ``model``; ``gen`` tags every event that comes back from it."""
+
+    model: str
+    gen: int
+    delay: float = 0.0  # LLAMA_SERVER_DEBUG_FAKE_TIMING waits before spawning
+
+
+@attrs.frozen
+class Stop:
+    """Stop the child of ``model`` (generation ``gen``).
+
+    ``kill``: SIGKILL at once (a model still loading); otherwise the ladder: exit command,
+    ``stop-timeout``, SIGTERM, SIGKILL.
+    """
+
+    model: str
+    gen: int
+    kill: bool
+    reason: str
+
+
+@attrs.frozen
+class Grant:
+    """A lease: the request may use the child at ``port`` until it releases ``lease``."""
+
+    model: str
+    port: int
+    gen: int
+    waited: bool  # the request had to wait for a load (detaches conversation requests)
+
+
+@attrs.frozen
+class Failure:
+    """An answer that is an error, shaped like upstream's (status code, message, type)."""
+
+    status: int
+    message: str
+    type: str
+
+    @classmethod
+    def bad_request(cls, message: str) -> Failure:
+        return cls(400, message, "invalid_request_error")
+
+    @classmethod
+    def not_found(cls, message: str) -> Failure:
+        return cls(404, message, "not_found_error")
+
+    @classmethod
+    def server_error(cls, message: str) -> Failure:
+        return cls(500, message, "server_error")
+
+    @classmethod
+    def unavailable(cls, message: str) -> Failure:
+        return cls(503, message, "unavailable_error")
+
+
+@attrs.frozen
+class Reply:
+    """Answer the asker ``to`` (a waiter, a load or unload call) with ``result``."""
+
+    to: int
+    result: Grant | Failure | None  # None: plain success ({"success": true})
+
+
+@attrs.frozen
+class Emit:
+    """An event for /models/sse subscribers: ``{"model":..., "event":..., "data":...}``."""
+
+    model: str
+    event: str
+    data: dict[str, Any] | None = None
+
+
+Effect = Spawn | Stop | Reply | Emit

@@ -1,0 +1,95 @@
+"""The model table: per-model state the core owns, and the frozen views it publishes."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import attrs
+
+from troupe.sched.status import Status
+
+__all__ = ["ModelConfig", "ModelState", "ModelView", "Snapshot"]
+
+
+@attrs.frozen
+class ModelConfig:
+    """What the catalogue tells the scheduler about one model."""
+
+    name: str
+    pin: bool = False  # never evicted (still counts toward --models-max)
+    ttl: float | None = None  # unload after this many idle seconds
+    fingerprint: str = ""  # preset identity; a change on reload restarts a running model
+
+
+@attrs.define
+class ModelState:
+    """Mutable, and only ever touched by `SchedulerCore`."""
+
+    config: ModelConfig
+    status: Status = Status.UNLOADED
+    gen: int = 0  # generation of the current (or last) child
+    port: int = 0
+    pid: int = 0
+    exit_code: int = 0
+    stopping: bool = False
+    spawn_pending: bool = False  # a Spawn was issued, the child is not started yet
+    progress: dict[str, Any] | None = None
+    loaded_info: dict[str, Any] | None = None
+    last_used: float = 0.0
+    idle_since: float = 0.0  # when the last request finished (TTL counts from here)
+    in_flight: int = 0
+    load_started: float | None = None
+    last_load_seconds: float | None = None
+    last_eviction: str | None = None
+    last_error: str | None = None
+    crashes: deque[float] = attrs.field(factory=deque)
+    held_until: float | None = None
+    removed: bool = False  # dropped from the catalogue, kept until its child is gone
+
+    @property
+    def failed(self) -> bool:
+        return self.status is Status.UNLOADED and self.exit_code != 0
+
+    @property
+    def is_running(self) -> bool:
+        return self.status.is_running or self.spawn_pending
+
+
+@attrs.frozen
+class ModelView:
+    """One model as readers see it (``GET /models``, the dashboard)."""
+
+    name: str
+    status: Status
+    port: int
+    pid: int
+    exit_code: int
+    failed: bool
+    stopping: bool
+    progress: dict[str, Any] | None
+    loaded_info: dict[str, Any] | None
+    in_flight: int
+    waiting: int  # requests queued for this model
+    queue_position: int | None  # 1-based position of its queue entry
+    last_used: float
+    last_load_seconds: float | None
+    last_eviction: str | None
+    last_error: str | None
+    held_until: float | None
+    pin: bool
+    ttl: float | None
+
+
+@attrs.frozen
+class Snapshot:
+    """The whole table at one instant; immutable, so readers never see a half-update."""
+
+    version: int
+    models: dict[str, ModelView]
+    models_max: int
+    queue: tuple[tuple[str, int], ...]  # (model, waiters) in queue order
+
+    @property
+    def running(self) -> int:
+        return sum(1 for m in self.models.values() if m.status.is_running)

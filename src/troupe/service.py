@@ -1,0 +1,108 @@
+"""The root of the running router: one nursery, the shutdown order, signals.
+
+Root nursery (one_for_all): the scheduler actor, the HTTP server and the signal
+watcher are siblings, so a bug in either stops the whole service loudly rather
+than leaving it half-alive (DESIGN principle 5). Shutdown order: end SSE streams,
+stop accepting (hypercorn's graceful window), stop every child in parallel under
+one deadline, exit 0. A second signal exits 1 at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+
+import trio
+
+from troupe.actors.scheduler import Scheduler
+from troupe.child.ledger import PidLedger, default_state_dir, reap_orphans
+from troupe.child.process import kill_group
+from troupe.engine import Engine
+from troupe.errors import TroupeError
+from troupe.http.context import RouterContext, build_context
+from troupe.http.server import serve_http
+from troupe.settings.options import OptionTable
+from troupe.settings.router import RouterSettings
+
+__all__ = ["run_service", "serve_router"]
+
+log = logging.getLogger("troupe.service")
+
+SHUTDOWN_GRACE = 5.0  # beyond the slowest stop ladder, before children are killed outright
+
+
+def run_service(settings: RouterSettings, engine: Engine, table: OptionTable) -> int:
+    """Run the router until a signal; returns the process exit status."""
+    try:
+        return trio.run(_main, settings, engine, table)
+    except TroupeError as exc:
+        print(f"troupe: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+async def _main(settings: RouterSettings, engine: Engine, table: OptionTable) -> int:
+    state_dir = settings.state_dir or default_state_dir()
+    for pid in reap_orphans(state_dir):
+        log.warning("reaped orphaned child pid=%d left by a dead troupe", pid)
+    ledger = PidLedger(state_dir)
+    try:
+        ctx = build_context(settings, engine, table, ledger)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as root:
+                await root.start(serve_router, ctx)
+                sig = await _first_signal(signals)
+                log.info("%s: shutting down", signal.Signals(sig).name)
+                root.start_soon(_second_signal_exits, signals, ctx.scheduler)
+                await shutdown(ctx)
+                root.cancel_scope.cancel()
+    finally:
+        ledger.close()
+    return 0
+
+
+async def _first_signal(signals: AsyncIterator[int]) -> int:
+    async for sig in signals:
+        return sig
+    raise AssertionError("signal receiver closed")
+
+
+async def _second_signal_exits(signals: AsyncIterator[int], scheduler: Scheduler) -> None:
+    async for sig in signals:
+        log.error("%s again: exiting at once", signal.Signals(sig).name)
+        _kill_children(scheduler)
+        os._exit(1)
+
+
+def _kill_children(scheduler: Scheduler) -> None:
+    for model in list(scheduler.snapshot.models):
+        inst = scheduler.instance(model)
+        if inst is not None and inst.pid is not None:
+            kill_group(inst.pid)
+
+
+async def serve_router(
+    ctx: RouterContext, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Scheduler + HTTP server; reports the bound URLs once listening."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ctx.scheduler.run)
+        urls = await nursery.start(serve_http, ctx)
+        ctx.ready = True  # upstream: ready right after binding, before startup loads
+        for url in urls:
+            log.info("listening on %s", url)
+        task_status.started(urls)
+        await ctx.load_on_startup()
+
+
+async def shutdown(ctx: RouterContext) -> None:
+    ctx.scheduler.bus.close()  # SSE streams end now, not when the graceful window cuts them
+    await ctx.stop_http()
+    deadline = ctx.max_stop_seconds() + SHUTDOWN_GRACE
+    with trio.move_on_after(deadline) as scope:
+        await ctx.scheduler.stop_all()
+    if scope.cancelled_caught:
+        log.error("children still running after %gs: killing them", deadline)
+        _kill_children(ctx.scheduler)

@@ -1,0 +1,274 @@
+"""The router's own settings: llama-server's router flags plus troupe's additions.
+
+Precedence, as upstream: built-in default < environment (``LLAMA_ARG_*``) < command
+line. The router flags are llama-server options too, so they also stay in the base
+preset that is forwarded to children; the catalogue strips the reserved ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+
+from troupe.errors import UsageError
+from troupe.settings.options import EngineOption, OptionTable
+
+__all__ = [
+    "ROUTER_OPTIONS",
+    "TROUPE_OPTIONS",
+    "RouterSettings",
+    "build_settings",
+    "with_router_options",
+]
+
+_TRUTHY = {"on", "enabled", "true", "1"}
+_FALSEY = {"off", "disabled", "false", "0"}
+
+
+def _opt(
+    *spellings: str, hint: str | None = None, env: str | None = None, neg: tuple[str, ...] = ()
+) -> EngineOption:
+    return EngineOption(spellings=spellings, negatives=neg, hints=(hint,) if hint else (), env=env)
+
+
+# llama-server's router flags (spec §1.2). The engine's own --help is authoritative; these
+# fill in when an engine build lacks one, so the router never depends on a child's help.
+ROUTER_OPTIONS: tuple[EngineOption, ...] = (
+    _opt("--host", hint="HOST", env="LLAMA_ARG_HOST"),
+    _opt("--port", hint="PORT", env="LLAMA_ARG_PORT"),
+    _opt("--models-dir", hint="PATH", env="LLAMA_ARG_MODELS_DIR"),
+    _opt("--models-preset", hint="PATH", env="LLAMA_ARG_MODELS_PRESET"),
+    _opt("--models-max", hint="N", env="LLAMA_ARG_MODELS_MAX"),
+    _opt("--models-autoload", env="LLAMA_ARG_MODELS_AUTOLOAD", neg=("--no-models-autoload",)),
+    _opt("--sleep-idle-seconds", hint="SECONDS"),
+    _opt("--api-key", hint="KEY", env="LLAMA_API_KEY"),
+    _opt("--api-key-file", hint="FNAME", env="LLAMA_ARG_API_KEY_FILE"),
+    _opt("-to", "--timeout", hint="N", env="LLAMA_ARG_TIMEOUT"),
+    _opt("--ssl-key-file", hint="FNAME", env="LLAMA_ARG_SSL_KEY_FILE"),
+    _opt("--ssl-cert-file", hint="FNAME", env="LLAMA_ARG_SSL_CERT_FILE"),
+    _opt("--api-prefix", hint="PREFIX", env="LLAMA_ARG_API_PREFIX"),
+    _opt("--cors-origins", hint="ORIGINS", env="LLAMA_ARG_CORS_ORIGINS"),
+    _opt("--cors-methods", hint="METHODS", env="LLAMA_ARG_CORS_METHODS"),
+    _opt("--cors-headers", hint="HEADERS", env="LLAMA_ARG_CORS_HEADERS"),
+    _opt("--cors-credentials", env="LLAMA_ARG_CORS_CREDENTIALS", neg=("--no-cors-credentials",)),
+    _opt("--threads-http", hint="N", env="LLAMA_ARG_THREADS_HTTP"),
+    _opt("--offline", env="LLAMA_ARG_OFFLINE"),
+    _opt("--ui-config", "--webui-config", hint="JSON", env="LLAMA_ARG_UI_CONFIG"),
+    _opt("--ui-config-file", "--webui-config-file", hint="PATH", env="LLAMA_ARG_UI_CONFIG_FILE"),
+    _opt(
+        "--ui-mcp-proxy",
+        "--webui-mcp-proxy",
+        env="LLAMA_ARG_UI_MCP_PROXY",
+        neg=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy"),
+    ),
+)
+
+# troupe's own flags: never forwarded to children (llama-server would reject them).
+TROUPE_OPTIONS: tuple[EngineOption, ...] = (
+    _opt("--engine", hint="PATH", env="TROUPE_ENGINE"),
+    _opt("--log-level", hint="LEVEL", env="TROUPE_LOG_LEVEL"),
+    _opt("--state-dir", hint="PATH", env="TROUPE_STATE_DIR"),
+    _opt("--max-body-mib", hint="N", env="TROUPE_MAX_BODY_MIB"),
+    _opt("--ws-max-message-mib", hint="N", env="TROUPE_WS_MAX_MESSAGE_MIB"),
+)
+
+
+def with_router_options(table: OptionTable) -> OptionTable:
+    """The engine's table plus any router flag this engine build does not list."""
+    missing = [o for o in ROUTER_OPTIONS if table.by_spelling(o.long_name) is None]
+    return OptionTable(table.options + tuple(missing)) if missing else table
+
+
+@attrs.frozen
+class RouterSettings:
+    """Everything the router itself needs to know; children get ``base_args``."""
+
+    hosts: tuple[str, ...] = ("127.0.0.1",)
+    port: int = 8080
+    models_dir: Path | None = None
+    models_preset: Path | None = None
+    models_max: int = 4
+    models_autoload: bool = True
+    sleep_idle_seconds: int = -1
+    api_keys: tuple[str, ...] = ()
+    timeout: int = 3600
+    ssl_key_file: Path | None = None
+    ssl_cert_file: Path | None = None
+    api_prefix: str = ""
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    offline: bool = False
+    ui_config: Mapping[str, object] = attrs.field(factory=dict)
+    ui_mcp_proxy: bool = False
+    engine: str | None = None
+    log_level: str = "info"
+    state_dir: Path | None = None  # PID ledger and measurements (default: XDG state dir)
+    max_body_bytes: int = 128 << 20  # a proxied request body over this gets 413
+    ws_max_message_bytes: int = 16 << 20  # WebSocket message limit, both directions
+    # Every llama-server option from the command line, forwarded to children (spec §2.5).
+    base_args: tuple[tuple[EngineOption, str], ...] = ()
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUTHY:
+        return True
+    if v in _FALSEY:
+        return False
+    raise UsageError(f"invalid value for {name}: '{value}' (expected true or false)")
+
+
+def _parse_int(name: str, value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise UsageError(f"invalid value for {name}: '{value}' (expected an integer)") from None
+
+
+class _Lookup:
+    """Reads one setting: command line first, then its environment names."""
+
+    def __init__(
+        self, table: OptionTable, cli: Mapping[EngineOption, str], environ: Mapping[str, str]
+    ) -> None:
+        self.table = table
+        self.cli = cli
+        self.environ = environ
+
+    def get(self, spelling: str) -> tuple[str, str] | None:
+        """``(source name, raw value)`` or None; flags read as "1"/"0"."""
+        found = self.table.by_spelling(spelling)
+        if found is None:
+            return None
+        opt = found[0]
+        if opt in self.cli:
+            return spelling, self.cli[opt]
+        names = opt.env_names()
+        if len(names) == 2 and names[1] in self.environ:
+            return names[1], "0"  # LLAMA_ARG_NO_X (any value) means false
+        if names and names[0] in self.environ:
+            return names[0], self.environ[names[0]]
+        return None
+
+    def text(self, spelling: str, default: str) -> str:
+        got = self.get(spelling)
+        return default if got is None else got[1]
+
+    def integer(self, spelling: str, default: int) -> int:
+        got = self.get(spelling)
+        return default if got is None else _parse_int(got[0], got[1])
+
+    def boolean(self, spelling: str, default: bool) -> bool:
+        got = self.get(spelling)
+        return default if got is None else _parse_bool(got[0], got[1])
+
+    def path(self, spelling: str) -> Path | None:
+        got = self.get(spelling)
+        return Path(got[1]).expanduser() if got and got[1] else None
+
+
+def _mib(get: _Lookup, spelling: str, default: int) -> int:
+    value = get.integer(spelling, default)
+    if value <= 0:
+        raise UsageError(
+            f"invalid value for {spelling}: {value} (expected a positive number of MiB)"
+        )
+    return value << 20
+
+
+def _read_api_keys(path: Path) -> tuple[str, ...]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UsageError(f"cannot read --api-key-file '{path}': {exc.strerror or exc}") from None
+    return tuple(ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#"))
+
+
+def _parse_ui_config(source: str, raw: str) -> Mapping[str, object]:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise UsageError(f"invalid JSON in {source}: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{source} must be a JSON object")
+    return value
+
+
+def build_settings(
+    table: OptionTable,
+    cli: Mapping[EngineOption, str],
+    troupe_cli: Mapping[EngineOption, str],
+    environ: Mapping[str, str],
+) -> RouterSettings:
+    """Resolve router settings from parsed flags and the environment."""
+    get = _Lookup(table, cli, environ)
+    own = _Lookup(OptionTable(TROUPE_OPTIONS), troupe_cli, environ)
+
+    sleep_idle = get.integer("--sleep-idle-seconds", -1)
+    if sleep_idle == 0 or sleep_idle < -1:
+        raise UsageError("invalid value for --sleep-idle-seconds: cannot be 0 or less than -1")
+    port = get.integer("--port", 8080)
+    if not 0 <= port <= 65535:
+        raise UsageError(f"invalid value for --port: {port} (expected 0-65535)")
+
+    keys: list[str] = []
+    raw_keys = get.get("--api-key")
+    if raw_keys:
+        keys += [k.strip() for k in raw_keys[1].split(",") if k.strip()]
+    key_file = get.path("--api-key-file")
+    if key_file:
+        keys += _read_api_keys(key_file)
+
+    ui_config: Mapping[str, object] = {}
+    ui_file = get.path("--ui-config-file")
+    if ui_file:
+        try:
+            ui_config = _parse_ui_config(str(ui_file), ui_file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UsageError(
+                f"cannot read --ui-config-file '{ui_file}': {exc.strerror or exc}"
+            ) from None
+    raw_ui = get.get("--ui-config")
+    if raw_ui:
+        ui_config = _parse_ui_config(raw_ui[0], raw_ui[1])
+
+    models_dir = get.path("--models-dir")
+    if models_dir is not None and not models_dir.is_dir():
+        raise UsageError(f"'{models_dir}' does not exist or is not a directory")
+    models_preset = get.path("--models-preset")
+    if models_preset is not None and not models_preset.is_file():
+        raise UsageError(f"preset file does not exist: {models_preset}")
+
+    hosts = tuple(h.strip() for h in get.text("--host", "127.0.0.1").split(",") if h.strip())
+    return RouterSettings(
+        hosts=hosts or ("127.0.0.1",),
+        port=port,
+        models_dir=models_dir,
+        models_preset=models_preset,
+        models_max=get.integer("--models-max", 4),
+        models_autoload=get.boolean("--models-autoload", True),
+        sleep_idle_seconds=sleep_idle,
+        api_keys=tuple(keys),
+        timeout=get.integer("--timeout", 3600),
+        ssl_key_file=get.path("--ssl-key-file"),
+        ssl_cert_file=get.path("--ssl-cert-file"),
+        api_prefix=get.text("--api-prefix", ""),
+        cors_origins=get.text("--cors-origins", "*"),
+        cors_methods=get.text("--cors-methods", "GET, POST, DELETE, OPTIONS"),
+        cors_headers=get.text("--cors-headers", "*"),
+        cors_credentials=get.boolean("--cors-credentials", True),
+        offline=get.boolean("--offline", False),
+        ui_config=ui_config,
+        ui_mcp_proxy=get.boolean("--ui-mcp-proxy", False),
+        engine=own.text("--engine", "") or None,
+        log_level=own.text("--log-level", "info"),
+        state_dir=own.path("--state-dir"),
+        max_body_bytes=_mib(own, "--max-body-mib", 128),
+        ws_max_message_bytes=_mib(own, "--ws-max-message-mib", 16),
+        base_args=tuple(cli.items()),
+    )

@@ -1,0 +1,64 @@
+"""Test rig: tiny real GGUF models, a fault-injecting fake engine, process helpers.
+
+Importable by the test suite and by ``bench/``. Nothing here is used by troupe
+at run time.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from troupe.testing.engine_process import EngineExited, EngineProcess, free_port, open_engine
+from troupe.testing.tiny_gguf import TinyModel, write_tiny_gguf, write_tiny_models
+
+__all__ = [
+    "EngineExited",
+    "EngineProcess",
+    "TinyModel",
+    "fake_engine_argv",
+    "free_port",
+    "open_engine",
+    "write_fake_engine",
+    "write_tiny_gguf",
+    "write_tiny_models",
+]
+
+_SRC = Path(__file__).resolve().parents[2]  # the directory that holds the troupe package
+
+
+def fake_engine_argv() -> list[str]:
+    """The command that runs the fake engine with this interpreter."""
+    return [sys.executable, "-m", "troupe.testing.fake_engine"]
+
+
+def write_fake_engine(
+    directory: str | os.PathLike[str],
+    name: str = "llama-server",
+    env: Mapping[str, str] | None = None,
+) -> Path:
+    """Write an executable script that runs the fake engine, for where an engine *path* is wanted.
+
+    ``env`` is baked into the script (e.g. ``{"TROUPE_FAKE_LOAD_TIME": "1"}``) so one
+    launcher can stand for an engine that always misbehaves the same way; command-line
+    knobs still override it. The script also puts troupe's source tree on
+    ``PYTHONPATH``, so it works whether troupe is installed or not.
+    """
+    path = Path(directory) / name
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in (env or {}).items())
+    script = (
+        "#!/bin/sh\n"
+        "# fake llama-server for troupe's tests (troupe.testing.write_fake_engine)\n"
+        f'export PYTHONPATH={shlex.quote(str(_SRC))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+        f"{exports}"
+        f'exec {" ".join(shlex.quote(a) for a in fake_engine_argv())} "$@"\n'
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(script)
+    tmp.chmod(0o755)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,5 @@
+"""``python -m troupe.testing.fake_engine <llama-server arguments>``."""
+
+from troupe.testing.fake_engine.server import main
+
+raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""SSE `Emit`s: upstream's event names and data shapes (§6.1, §7)."""
+
+from __future__ import annotations
+
+from schedcore_kit import Bench, emits
+
+from troupe.sched import Emit
+
+PROGRESS = {"stages": ["text_model"], "current": "text_model", "value": 0.25}
+INFO = {"id": "a", "object": "model", "owned_by": "llamacpp"}
+
+
+def test_spawn_emits_model_status_loading() -> None:
+    b = Bench()
+    out = b.acquire(b.rid(), "a")
+    assert emits(out) == []  # nothing until the child is really there
+    assert emits(b.spawned("a")) == [Emit("a", "model_status", {"status": "loading"})]
+
+
+def test_loading_payload_is_sent_as_progress() -> None:
+    b = Bench()
+    b.acquire(b.rid(), "a")
+    b.spawned("a")
+    assert emits(b.state("a", "loading", PROGRESS)) == [
+        Emit("a", "status_change", {"status": "loading", "progress": PROGRESS})
+    ]
+    assert b.view("a").progress == PROGRESS
+
+
+def test_loading_without_payload_has_no_progress() -> None:
+    b = Bench()
+    b.acquire(b.rid(), "a")
+    b.spawned("a")
+    assert emits(b.state("a", "loading", None)) == [
+        Emit("a", "status_change", {"status": "loading"})
+    ]
+
+
+def test_ready_with_a_payload_carries_info() -> None:
+    b = Bench()
+    b.acquire(b.rid(), "a")
+    b.spawned("a")
+    assert emits(b.state("a", "ready", INFO)) == [
+        Emit("a", "status_change", {"status": "loaded", "info": INFO})
+    ]
+    assert b.view("a").loaded_info == INFO
+
+
+def test_ready_after_a_wake_has_no_info_and_keeps_the_old_one() -> None:
+    b = Bench()
+    b.acquire(b.rid(), "a")
+    b.spawned("a")
+    b.state("a", "ready", INFO)
+    assert emits(b.state("a", "sleeping", {})) == [
+        Emit("a", "status_change", {"status": "sleeping"})
+    ]
+    assert emits(b.state("a", "loading", PROGRESS)) == [
+        Emit("a", "status_change", {"status": "loading", "progress": PROGRESS})
+    ]
+    for payload in ({}, None):
+        assert emits(b.state("a", "ready", payload)) == [
+            Emit("a", "status_change", {"status": "loaded"})
+        ]
+    assert b.view("a").loaded_info == INFO
+
+
+def test_exit_emits_unloaded_with_its_exit_code() -> None:
+    b = Bench()
+    b.bring_up("a")
+    assert emits(b.exited("a", 1, expected=False)) == [
+        Emit("a", "status_change", {"status": "unloaded", "exit_code": 1})
+    ]
+    b.bring_up("a")
+    assert emits(b.exited("a", 0)) == [
+        Emit("a", "status_change", {"status": "unloaded", "exit_code": 0})
+    ]
+
+
+def test_exit_code_appears_only_with_unloaded() -> None:
+    b = Bench()
+    b.acquire(b.rid(), "a")
+    out = b.spawned("a")
+    out += b.state("a", "loading", PROGRESS)
+    out += b.state("a", "ready", INFO)
+    out += b.state("a", "sleeping", {})
+    out += b.exited("a", 0)
+    for e in emits(out):
+        assert e.data is not None
+        assert ("exit_code" in e.data) == (e.data["status"] == "unloaded")
+        assert ("progress" in e.data) <= (e.data["status"] == "loading")
+        assert ("info" in e.data) <= (e.data["status"] == "loaded")
+
+
+def test_spawn_that_never_started_emits_nothing() -> None:
+    # Upstream's load() throws before notify_sse when the spawn fails.
+    b = Bench()
+    b.acquire(b.rid(), "a")
+    assert emits(b.exited("a", 1, expected=False)) == []
+
+
+def test_unknown_child_state_is_ignored() -> None:
+    b = Bench()
+    b.acquire(b.rid(), "a")
+    b.spawned("a")
+    assert b.state("a", "dancing", {}) == []
+
+
+def test_emits_carry_the_model_name() -> None:
+    b = Bench()
+    b.acquire(b.rid(), "b")
+    out = b.spawned("b") + b.ready("b") + b.exited("b", 0)
+    assert {e.model for e in emits(out)} == {"b"}

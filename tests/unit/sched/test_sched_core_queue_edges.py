@@ -1,0 +1,76 @@
+"""Admission-queue corner cases: a claim whose child never comes up, eviction labels,
+and slots counted twice. Each test is a minimal event sequence."""
+
+from __future__ import annotations
+
+from schedcore_kit import Bench, answered, failure_of, grant_of, spawns, stops
+
+from troupe.sched import Spawn, Stop
+
+
+def test_waiter_sharing_a_claim_whose_spawn_failed_is_not_stranded() -> None:
+    b = Bench()
+    w1, w2 = b.rid(), b.rid()
+    assert spawns(b.acquire(w1, "a")) == [Spawn("a", 1, 0.0)]
+    assert b.acquire(w2, "a") == []  # shares the claimed entry
+    out = b.exited("a", 1, expected=False)  # the actor could not start the child
+    assert failure_of(out, w1).status == 500
+    # w2 never saw the model loading; it must either be answered or get a new instance
+    if w2 not in answered(out):
+        assert spawns(out) == [Spawn("a", 2, 0.0)]
+        b.spawned("a")
+        assert grant_of(b.ready("a"), w2).gen == 2
+
+
+def test_entry_of_a_failed_spawn_is_freed_when_its_waiters_leave() -> None:
+    b = Bench(models_max=0)
+    w1, w2, w3 = b.rid(), b.rid(), b.rid()
+    b.acquire(w1, "a")
+    b.acquire(w2, "a")
+    b.acquire(w3, "b")  # behind a
+    out = b.exited("a", 1, expected=False)
+    out += b.release(w2)  # everyone who wanted a gives up
+    assert b.core.snapshot().queue == (("b", 1),)
+    assert [s.model for s in spawns(out)] == ["b"]
+
+
+def test_request_arriving_while_a_loading_model_is_killed_gets_the_next_instance() -> None:
+    # §6.5: "A request that arrives for a stopping model waits, via the queue, for the
+    # next instance." Here the stopping model was claimed by an earlier waiter.
+    b = Bench()
+    w1 = b.rid()
+    b.acquire(w1, "a")
+    b.spawned("a")
+    (stop,) = stops(b.unload(b.rid(), "a"))
+    assert stop.kill
+    w2 = b.rid()
+    assert b.acquire(w2, "a") == []
+    out = b.finish_stop(stop)
+    assert failure_of(out, w1).message == "model name=a failed to load"
+    assert spawns(out) == [Spawn("a", 2, 0.0)]
+    b.spawned("a")
+    assert grant_of(b.ready("a"), w2).gen == 2
+
+
+def test_eviction_reason_names_the_entry_that_needs_the_slot() -> None:
+    b = Bench(models_max=2)
+    b.bring_up("c")
+    wa, wb = b.rid(), b.rid()
+    assert [s.model for s in spawns(b.acquire(wa, "a"))] == ["a"]  # a claims the free slot
+    out = b.acquire(wb, "b")  # b needs c's slot
+    assert stops(out) == [Stop("c", 1, kill=False, reason="lru for b")]
+
+
+def test_queued_request_for_a_model_already_coming_up_evicts_nothing() -> None:
+    # POST /models/load started b; a request for b arrives before the child is up. b
+    # already owns its slot, so the idle model a must stay.
+    b = Bench(models_max=2)
+    b.bring_up("a")
+    b.load(b.rid(), "b")
+    w = b.rid()
+    out = b.acquire(w, "b")
+    out += b.spawned("b")
+    out += b.state("b", "loading", {"value": 0.5})
+    out += b.ready("b")
+    assert stops(out) == []
+    assert grant_of(out, w).model == "b"

@@ -1,0 +1,513 @@
+"""Hypothesis drives `SchedulerCore` the way the scheduler actor would.
+
+The machine plays every other party: clients (arrivals, lease releases, disconnects
+while waiting, POST /models/load and /unload, shutdown), the instance actors (a `Spawn`
+becomes a pending start that later reports `spawned` or fails; a `Stop` becomes a
+pending stop that later reports `exited`; a live child reports states or crashes) and
+the clock. Pending operations complete in any order, and stale events from older
+children are thrown in. After every step the invariants below are checked against the
+core's own state and against what the machine saw; at teardown the children behave,
+everything pending completes and every request still waiting must be answered.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import attrs
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from troupe.sched import (
+    Effect,
+    Emit,
+    Failure,
+    Grant,
+    ModelConfig,
+    Reply,
+    SchedulerCore,
+    Spawn,
+    Status,
+    Stop,
+)
+
+NAMES = ("m0", "m1", "m2", "m3", "m4")
+FAILURE_KINDS = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    500: "server_error",
+    503: "unavailable_error",
+}
+LOADING_PAYLOADS = st.sampled_from(
+    [None, {}, {"stages": ["text_model"], "current": "text_model", "value": 0.5}]
+)
+READY_PAYLOADS = st.sampled_from([None, {}, {"id": "x", "object": "model"}])
+
+
+@attrs.define
+class Child:
+    """One child as its instance actor sees it."""
+
+    gen: int
+    started: bool = False  # False: the Spawn is still being carried out
+    status: Status = Status.UNLOADED  # last status the child reported (once started)
+    port: int = 0
+    stop: Stop | None = None  # a Stop the actor is carrying out
+
+
+@attrs.define
+class Ask:
+    """A request waiting for its one reply."""
+
+    kind: str  # acquire | load | unload | stop_all
+    model: str
+    autoload: bool = True
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.core: SchedulerCore | None = None
+        self.now = 0.0
+        self.rids = itertools.count(1)
+        self.ports = itertools.count(20000)
+        self.children: dict[str, Child] = {}
+        self.gen: dict[str, int] = {}
+        self.waiting: dict[int, Ask] = {}
+        self.leases: dict[int, tuple[str, int]] = {}
+        self.answered: set[int] = set()
+        self.left: set[int] = set()
+        self.prev_entries: list[Any] = []
+        self.step_stops: list[Stop] = []
+
+    # ----- set-up ---------------------------------------------------------------------
+
+    @initialize(
+        n=st.integers(3, 5),
+        models_max=st.integers(0, 3),
+        pins=st.lists(st.booleans(), min_size=5, max_size=5),
+        ttls=st.lists(st.sampled_from([None, None, 5.0, 30.0]), min_size=5, max_size=5),
+    )
+    def setup(self, n: int, models_max: int, pins: list[bool], ttls: list[float | None]) -> None:
+        # A pinned model never also has a TTL here: which of the two wins is a policy
+        # question, not one of the invariants checked.
+        configs = [
+            ModelConfig(name, pin=pins[i], ttl=None if pins[i] else ttls[i])
+            for i, name in enumerate(NAMES[:n])
+        ]
+        self.configs = {c.name: c for c in configs}
+        self.names = [c.name for c in configs]
+        self.models_max = models_max
+        self.core = SchedulerCore(configs, models_max, crash_limit=3, crash_window=60.0)
+        self.gen = dict.fromkeys(self.names, 0)
+
+    # ----- the actor: carrying out effects and checking them --------------------------------
+
+    def step(self, effects: list[Effect]) -> list[Effect]:
+        self.step_stops = []
+        for e in effects:
+            if isinstance(e, Spawn):
+                self.on_spawn(e)
+            elif isinstance(e, Stop):
+                self.on_stop(e)
+            elif isinstance(e, Reply):
+                self.on_reply(e)
+            elif isinstance(e, Emit):
+                self.on_emit(e)
+            else:
+                raise AssertionError(f"unknown effect {e!r}")
+        self.check_stop_reasons()
+        return effects
+
+    def on_spawn(self, e: Spawn) -> None:
+        assert e.model in self.configs, e
+        assert e.model not in self.children, f"second child for {e.model}: {e}"
+        assert e.gen > self.gen[e.model], f"generation did not grow: {e}"
+        assert e.delay == 0.0
+        self.gen[e.model] = e.gen
+        self.children[e.model] = Child(e.gen)
+
+    def on_stop(self, e: Stop) -> None:
+        child = self.children.get(e.model)
+        assert child is not None, f"Stop for a model with no child: {e}"
+        assert child.gen == e.gen, f"Stop for the wrong generation: {e} vs {child}"
+        assert child.stop is None, f"second Stop for one child: {e} after {child.stop}"
+        loading = not child.started or child.status is Status.LOADING
+        assert e.kill == loading, f"kill={e.kill} for a child in {child}"
+        child.stop = e
+        self.step_stops.append(e)
+
+    def on_reply(self, e: Reply) -> None:
+        assert e.to not in self.left, f"reply to a request that left: {e}"
+        assert e.to not in self.answered, f"second reply: {e}"
+        ask = self.waiting.pop(e.to, None)
+        assert ask is not None, f"reply to nobody: {e}"
+        self.answered.add(e.to)
+        r = e.result
+        if isinstance(r, Grant):
+            assert ask.kind == "acquire", (ask, e)
+            assert r.model == ask.model, (ask, e)
+            child = self.children.get(r.model)
+            assert child is not None and child.started, f"grant without a live child: {e}"
+            assert (r.gen, r.port) == (child.gen, child.port), (e, child)
+            if ask.autoload:
+                assert child.status in (Status.LOADED, Status.SLEEPING), (e, child)
+                assert child.stop is None, f"grant on a stopping model: {e}"
+            self.leases[e.to] = (r.model, r.gen)
+        elif isinstance(r, Failure):
+            assert FAILURE_KINDS[r.status] == r.type, r
+            assert ask.kind != "stop_all", e
+        else:
+            assert ask.kind in ("load", "unload", "stop_all"), (ask, e)
+
+    def on_emit(self, e: Emit) -> None:
+        assert e.model in self.configs, e
+        assert e.event in ("model_status", "status_change"), e
+        assert e.data is not None
+        if e.event == "model_status":
+            assert e.data == {"status": "loading"}, e
+            return
+        status = e.data["status"]
+        assert status in ("loading", "loaded", "sleeping", "unloaded"), e
+        assert set(e.data) <= {"status", "exit_code", "info", "progress"}, e
+        assert ("exit_code" in e.data) == (status == "unloaded"), e
+        if "info" in e.data:
+            assert status == "loaded" and isinstance(e.data["info"], dict), e
+            assert e.data["info"], e
+        if "progress" in e.data:
+            assert status == "loading", e
+
+    def live_wanters(self, model: str, kinds: tuple[str, ...] = ("acquire", "load")) -> bool:
+        return any(a.kind in kinds and a.model == model for a in self.waiting.values())
+
+    def check_stop_reasons(self) -> None:
+        assert self.core is not None
+        queued = {e.model for e in self.core._queue.entries}
+        for s in self.step_stops:
+            if not (s.reason == "ttl" or s.reason.startswith("lru for ")):
+                continue
+            busy = [rid for rid, lease in self.leases.items() if lease == (s.model, s.gen)]
+            assert not busy, f"{s} while requests {busy} are in flight"
+            assert s.model not in queued, f"{s} while requests are queued for it"
+            waits = self.live_wanters(s.model, ("acquire",))
+            assert not waits, f"{s} while requests wait for it"
+            if s.reason.startswith("lru for "):
+                assert not self.configs[s.model].pin, f"pinned model evicted: {s}"
+                target = s.reason.removeprefix("lru for ")
+                assert self.live_wanters(target), f"{s} but nobody waits for {target}"
+
+    # ----- clients -------------------------------------------------------------------------
+
+    def ask(self, kind: str, model: str, autoload: bool = True) -> int:
+        rid = next(self.rids)
+        self.waiting[rid] = Ask(kind, model, autoload)
+        return rid
+
+    def tick(self, dt: float = 0.1) -> float:
+        self.now += dt
+        return self.now
+
+    @rule(i=st.integers(0, 4), autoload=st.booleans(), post=st.booleans())
+    def acquire(self, i: int, autoload: bool, post: bool) -> None:
+        assert self.core is not None
+        model = self.names[i % len(self.names)]
+        rid = self.ask("acquire", model, autoload)
+        self.step(
+            self.core.acquire(rid, model, self.tick(), autoload=autoload, update_last_used=post)
+        )
+
+    @precondition(lambda self: self.leases)
+    @rule(i=st.integers(0, 50))
+    def release_lease(self, i: int) -> None:
+        assert self.core is not None
+        rid = sorted(self.leases)[i % len(self.leases)]
+        del self.leases[rid]
+        self.step(self.core.release(rid, self.tick()))
+
+    @precondition(lambda self: any(a.kind in ("acquire", "load") for a in self.waiting.values()))
+    @rule(i=st.integers(0, 50))
+    def disconnect_waiter(self, i: int) -> None:
+        assert self.core is not None
+        rids = sorted(r for r, a in self.waiting.items() if a.kind in ("acquire", "load"))
+        rid = rids[i % len(rids)]
+        del self.waiting[rid]
+        self.left.add(rid)
+        self.step(self.core.release(rid, self.tick()))
+
+    @rule(i=st.integers(0, 4))
+    def load(self, i: int) -> None:
+        assert self.core is not None
+        model = self.names[i % len(self.names)] if i < 4 else "no-such-model"
+        rid = self.ask("load", model)
+        self.step(self.core.load(rid, model, self.tick()))
+
+    @rule(i=st.integers(0, 4))
+    def unload(self, i: int) -> None:
+        assert self.core is not None
+        model = self.names[i % len(self.names)]
+        rid = self.ask("unload", model)
+        self.step(self.core.unload(rid, model, self.tick()))
+        assert rid in self.answered, "unload answers at once"
+
+    @rule(dice=st.integers(0, 7))
+    def stop_all(self, dice: int) -> None:
+        assert self.core is not None
+        if dice:
+            return  # shutdown is rare: most runs should exercise the live service
+        rid = self.ask("stop_all", "*")
+        self.step(self.core.stop_all(rid, self.tick()))
+
+    # ----- instance actors -------------------------------------------------------------
+
+    def pick(self, pred: Any, i: int) -> tuple[str, Child]:
+        items = sorted((m, c) for m, c in self.children.items() if pred(c))
+        return items[i % len(items)]
+
+    @precondition(lambda self: any(not c.started for c in self.children.values()))
+    @rule(i=st.integers(0, 50), ok=st.integers(0, 5))
+    def spawn_completes(self, i: int, ok: int) -> None:
+        assert self.core is not None
+        model, child = self.pick(lambda c: not c.started, i)
+        if ok:
+            self.start_child(model, child)
+        else:
+            self.child_gone(model, child, 1)  # could not start (no port, exec failed)
+
+    def start_child(self, model: str, child: Child) -> None:
+        assert self.core is not None
+        port = next(self.ports)
+        child.started, child.status, child.port = True, Status.LOADING, port
+        self.step(self.core.spawned(model, child.gen, port, port + 1, self.tick()))
+
+    def child_gone(self, model: str, child: Child, code: int) -> None:
+        assert self.core is not None
+        del self.children[model]
+        expected = child.stop is not None
+        self.step(self.core.exited(model, child.gen, code, self.tick(), expected=expected))
+
+    @precondition(lambda self: any(c.stop for c in self.children.values()))
+    @rule(i=st.integers(0, 50), timed_out=st.booleans())
+    def stop_completes(self, i: int, timed_out: bool) -> None:
+        model, child = self.pick(lambda c: c.stop is not None, i)
+        assert child.stop is not None
+        # a kill, or a graceful stop that ran past stop-timeout, is reported as 1
+        self.child_gone(model, child, 1 if child.stop.kill or timed_out else 0)
+
+    @precondition(lambda self: any(c.started for c in self.children.values()))
+    @rule(
+        i=st.integers(0, 50),
+        state=st.sampled_from(["loading", "ready", "ready", "sleeping", "bogus"]),
+        loading=LOADING_PAYLOADS,
+        ready=READY_PAYLOADS,
+    )
+    def child_reports(self, i: int, state: str, loading: Any, ready: Any) -> None:
+        assert self.core is not None
+        model, child = self.pick(lambda c: c.started, i)
+        payload = {"loading": loading, "ready": ready}.get(state, {})
+        new = {"loading": Status.LOADING, "ready": Status.LOADED, "sleeping": Status.SLEEPING}
+        child.status = new.get(state, child.status)
+        self.step(self.core.child_state(model, child.gen, state, payload, self.tick()))
+
+    @precondition(lambda self: any(c.started for c in self.children.values()))
+    @rule(i=st.integers(0, 50), code=st.integers(0, 3))
+    def child_crashes(self, i: int, code: int) -> None:
+        model, child = self.pick(lambda c: c.started, i)
+        self.child_gone(model, child, code)
+
+    @precondition(lambda self: any(g >= 2 for g in self.gen.values()))
+    @rule(
+        i=st.integers(0, 50),
+        back=st.integers(1, 3),
+        event=st.sampled_from(["spawned", "loading", "ready", "sleeping", "exited"]),
+    )
+    def stale_event(self, i: int, back: int, event: str) -> None:
+        """An event from an older child of the model (the actor's race with a respawn)."""
+        assert self.core is not None
+        models = sorted(m for m, g in self.gen.items() if g >= 2)
+        model = models[i % len(models)]
+        old = max(1, self.gen[model] - back)
+        now = self.tick()
+        if event == "spawned":
+            out = self.core.spawned(model, old, 1, 1, now)
+        elif event == "exited":
+            out = self.core.exited(model, old, 1, now, expected=False)
+        else:
+            out = self.core.child_state(model, old, event, {}, now)
+        assert out == [], f"stale {event} of {model} gen {old} had effects {out}"
+
+    # ----- the clock -----------------------------------------------------------------------
+
+    @rule(dt=st.sampled_from([0.5, 3.0, 10.0, 31.0, 70.0]))
+    def time_passes(self, dt: float) -> None:
+        assert self.core is not None
+        self.step(self.core.on_time(self.tick(dt)))
+        self.check_no_expired_ttl()
+
+    @precondition(lambda self: self.core is not None and self.core.next_deadline() is not None)
+    @rule()
+    def ttl_deadline(self) -> None:
+        assert self.core is not None
+        deadline = self.core.next_deadline()
+        assert deadline is not None
+        self.now = max(self.now, deadline)
+        self.step(self.core.on_time(self.now))
+        self.check_no_expired_ttl()
+
+    def check_no_expired_ttl(self) -> None:
+        assert self.core is not None
+        deadline = self.core.next_deadline()
+        assert deadline is None or deadline > self.now, (deadline, self.now)
+
+    # ----- invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def running_within_limit(self) -> None:
+        if self.core is None:
+            return
+        core_running = {n for n, m in self.core._models.items() if m.is_running}
+        assert core_running == set(self.children), (core_running, self.children)
+        assert self.core.running_count() == len(self.children)
+        if self.models_max > 0:
+            assert len(self.children) <= self.models_max, self.children
+
+    @invariant()
+    def queue_is_fifo(self) -> None:
+        if self.core is None:
+            return
+        entries = list(self.core._queue.entries)
+        ids = [id(e) for e in entries]
+        survivors = [id(e) for e in self.prev_entries if id(e) in ids]
+        assert ids[: len(survivors)] == survivors, "queue entries changed order"
+        assert len({e.model for e in entries}) == len(entries), "two entries for one model"
+        for e in entries[1:]:
+            assert not e.loading, f"an entry behind the head claimed: {entries}"
+        for e in entries:
+            assert e.waiters > 0, entries
+        self.prev_entries = entries  # keeps them alive, so ids stay unique
+
+    @invariant()
+    def waiters_match_requests(self) -> None:
+        if self.core is None:
+            return
+        core = self.core
+        acquiring = {r for r, a in self.waiting.items() if a.kind == "acquire"}
+        loading = {r for r, a in self.waiting.items() if a.kind == "load"}
+        assert set(core._waiters) == acquiring, (core._waiters, acquiring)
+        assert set(core._direct) == loading, (core._direct, loading)
+        assert set(core._leases) == set(self.leases)
+        for rid, w in core._waiters.items():
+            assert w.model == self.waiting[rid].model
+        for e in core._queue.entries:
+            queued = [r for r, w in core._waiters.items() if w.queued and w.model == e.model]
+            assert e.waiters == len(queued), (e, queued)
+        for rid, w in core._waiters.items():
+            if w.queued:
+                assert core._queue.find(w.model) is not None, (rid, w)
+
+    @invariant()
+    def in_flight_counts_live_leases(self) -> None:
+        if self.core is None:
+            return
+        for name, m in self.core._models.items():
+            if m.status.is_running:
+                live = sum(1 for lease in self.leases.values() if lease == (name, m.gen))
+                assert m.in_flight == live, (name, m.in_flight, live)
+            else:
+                assert m.in_flight == 0, (name, m)
+
+    @invariant()
+    def snapshot_is_consistent(self) -> None:
+        if self.core is None:
+            return
+        snap = self.core.snapshot()
+        entries = self.core._queue.entries
+        assert snap.queue == tuple((e.model, e.waiters) for e in entries)
+        assert snap.models_max == self.models_max
+        assert snap.running == sum(1 for c in self.children.values() if c.started)
+        assert list(snap.models) == sorted(self.names)
+        for name, v in snap.models.items():
+            m = self.core._models[name]
+            child = self.children.get(name)
+            if child is not None and child.started:
+                assert v.status is child.status, (name, v.status, child)
+                assert v.port == child.port
+            else:
+                assert v.status is Status.UNLOADED, (name, v.status, child)
+            assert v.stopping == (child is not None and child.stop is not None), (name, v, child)
+            assert v.in_flight == m.in_flight
+            assert v.failed == (v.status is Status.UNLOADED and v.exit_code != 0)
+            pos = next((i + 1 for i, e in enumerate(entries) if e.model == name), None)
+            assert v.queue_position == pos
+            assert v.waiting == (entries[pos - 1].waiters if pos else 0)
+            assert (v.pin, v.ttl) == (self.configs[name].pin, self.configs[name].ttl)
+
+    # ----- teardown: children behave, everything completes, everyone is answered -------------
+
+    def settle_world(self) -> None:
+        assert self.core is not None
+        for _ in range(500):
+            if not self.children and not self.leases:
+                return
+            moved = False
+            for model, child in sorted(self.children.items()):
+                if model not in self.children or self.children[model] is not child:
+                    continue
+                moved = True
+                if child.stop is not None:
+                    self.child_gone(model, child, 1 if child.stop.kill else 0)
+                elif not child.started:
+                    self.start_child(model, child)
+                elif child.status is Status.LOADING:
+                    child.status = Status.LOADED
+                    self.step(self.core.child_state(model, child.gen, "ready", {}, self.tick()))
+                else:
+                    moved = False
+            for rid in sorted(self.leases):
+                moved = True
+                del self.leases[rid]
+                self.step(self.core.release(rid, self.tick()))
+            self.running_within_limit()
+            self.queue_is_fifo()
+            self.waiters_match_requests()
+            if not moved:
+                return
+        raise AssertionError("the world never settled")
+
+    def teardown(self) -> None:
+        if self.core is None:
+            return
+        self.settle_world()
+        stuck = {r: a for r, a in self.waiting.items() if a.kind in ("acquire", "load")}
+        if stuck:
+            # The only legitimate reason to wait now: every slot is held by a pinned model.
+            running = sorted(self.children)
+            assert self.models_max > 0 and len(running) >= self.models_max, (
+                f"requests {stuck} still wait with free slots; running={running}, "
+                f"queue={self.core._queue.entries}"
+            )
+            assert all(self.configs[m].pin for m in running), (
+                f"requests {stuck} still wait though {running} could be evicted"
+            )
+            assert all(a.kind == "acquire" for a in stuck.values()), stuck
+        rid = self.ask("stop_all", "*")
+        self.step(self.core.stop_all(rid, self.tick()))
+        self.settle_world()
+        assert not self.children
+        assert self.waiting == {}, f"never answered: {self.waiting}"
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestSchedulerCoreStateful = SchedulerMachine.TestCase
