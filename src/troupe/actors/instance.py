@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from troupe.child.classify import LogKind, classify_line, describe_exit_signal
 from troupe.child.ledger import PidLedger
 from troupe.child.logring import LogRing
 from troupe.child.ports import free_port
@@ -72,6 +73,7 @@ class Instance:
         self._stop = trio.Event()
         self._kill = False
         self.pid: int | None = None
+        self.failure: tuple[LogKind, str] | None = None  # the first OOM/backend error line
 
     @property
     def model(self) -> str:
@@ -133,7 +135,13 @@ class Instance:
             log.info("%s stopped (%s)", self.model, how)
             return code, None
         tail = " | ".join(self.log.tail(TAIL_LINES))
-        detail = how + (f"; last log lines: {tail}" if tail else "")
+        detail = how
+        if returncode < 0 and (advice := describe_exit_signal(-returncode)):
+            detail += f" ({advice})"
+        if self.failure is not None:
+            detail += f"; {self.failure[0].value}: {self.failure[1]}"
+        if tail:
+            detail += f"; last log lines: {tail}"
         (log.info if self._stop.is_set() else log.warning)("%s exited: %s", self.model, detail)
         return code, detail
 
@@ -192,4 +200,9 @@ class Instance:
     async def _read_stderr(self, stream: trio.abc.ReceiveStream) -> None:
         async for line in iter_lines(stream):
             self.log.append(line)
+            if self.failure is None:
+                kind = classify_line(line)
+                if kind is not None:
+                    self.failure = (kind, line.strip())
+                    log.warning("%s reported %s: %s", self.model, kind.value, line.strip())
             child_log.info("[%s] %s", self.model, line)

@@ -6,7 +6,13 @@ preset file, merged with the router's own command line; aliases, tags, hidden
 cache entries, child argument rendering and the ``status.preset`` text.
 """
 
-from troupe.catalog.build import base_preset, build_catalog, check_startup, merge_sources
+from troupe.catalog.build import (
+    base_preset,
+    build_catalog,
+    check_startup,
+    merge_sources,
+    restart_on_reload,
+)
 from troupe.catalog.entry import (
     DEFAULT_STOP_TIMEOUT,
     Architecture,
@@ -40,5 +46,6 @@ __all__ = [
     "needs_restart",
     "parse_ini",
     "render_ini",
+    "restart_on_reload",
     "status_preset",
 ]

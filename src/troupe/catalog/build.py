@@ -31,6 +31,7 @@ from troupe.catalog.presetkeys import (
     LOAD_ON_STARTUP,
     PIN,
     STOP_TIMEOUT,
+    TERM_GRACE,
     TTL,
     PresetKeys,
 )
@@ -40,7 +41,13 @@ from troupe.errors import ConfigError
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
 
-__all__ = ["base_preset", "build_catalog", "check_startup", "merge_sources"]
+__all__ = [
+    "base_preset",
+    "build_catalog",
+    "check_startup",
+    "merge_sources",
+    "restart_on_reload",
+]
 
 
 def base_preset(settings: RouterSettings) -> Preset:
@@ -192,6 +199,14 @@ def _local_files(preset: Preset, cache_root: Path, cwd: Path) -> tuple[Path | No
     return model_path, None if no_mmproj else mmproj_path
 
 
+def restart_on_reload(
+    running: ModelEntry, fresh: ModelEntry | None, keys: PresetKeys = DEFAULT_PRESET_KEYS
+) -> bool:
+    """Whether a reload must stop a *running* model: it left every source (``fresh`` is
+    None) or its preset changed (host, port, alias and log-colors ignored)."""
+    return fresh is None or render.needs_restart(running.preset, fresh.preset, keys)
+
+
 def check_startup(catalog: Catalog, models_max: int) -> None:
     """Upstream's first-load check (also with ``--models-max 0``, "unlimited")."""
     count = len(catalog.startup_models())
@@ -250,6 +265,7 @@ def build_catalog(
             load_on_startup=is_truthy(preset.extra(LOAD_ON_STARTUP.key) or ""),
             pin=bool(_parsed(preset, name, keys, PIN.key, False)),
             ttl=ttl if isinstance(ttl, int) else None,
+            term_grace=float(_parsed(preset, name, keys, TERM_GRACE.key, 5.0)),  # type: ignore[arg-type]
             model_path=model_path,
             mmproj_path=mmproj_path,
         )

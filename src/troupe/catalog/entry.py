@@ -65,6 +65,7 @@ class ModelEntry:
     load_on_startup: bool = False
     pin: bool = False  # troupe: never evicted for another model
     ttl: int | None = None  # troupe: idle seconds before unload; None: not set
+    term_grace: float = 5.0  # troupe: seconds after SIGTERM before SIGKILL
     model_path: Path | None = None  # local model file (first shard), absolute, if known offline
     mmproj_path: Path | None = None  # projector the router would probe; None if none or disabled
     architecture: Architecture = Architecture()

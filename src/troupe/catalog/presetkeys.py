@@ -22,6 +22,7 @@ __all__ = [
     "LOAD_ON_STARTUP",
     "PIN",
     "STOP_TIMEOUT",
+    "TERM_GRACE",
     "TTL",
     "PresetKeys",
     "PresetOnlyKey",
@@ -34,6 +35,16 @@ def _parse_raw(value: str) -> object:
 
 def _parse_truthy(value: str) -> object:
     return is_truthy(value)
+
+
+def _parse_seconds(value: str) -> object:
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        raise ValueError("expected a number of seconds >= 0") from None
+    if not seconds >= 0:
+        raise ValueError("expected a number of seconds >= 0")
+    return seconds
 
 
 def _parse_ttl(value: str) -> object:
@@ -98,6 +109,16 @@ TTL = PresetOnlyKey(
     upstream=False,
 )
 
+TERM_GRACE = PresetOnlyKey(
+    "term-grace",
+    "__TROUPE_TERM_GRACE",
+    "SECONDS",
+    "troupe: seconds a child gets after SIGTERM (sent once stop-timeout has passed) "
+    "before SIGKILL (default: 5)",
+    _parse_seconds,
+    upstream=False,
+)
+
 
 @attrs.frozen
 class PresetKeys:
@@ -132,5 +153,5 @@ class PresetKeys:
 
 
 DEFAULT_PRESET_KEYS = PresetKeys(
-    (LOAD_ON_STARTUP, STOP_TIMEOUT, DEDUP_CACHE_MODELS, PIN, TTL),
+    (LOAD_ON_STARTUP, STOP_TIMEOUT, DEDUP_CACHE_MODELS, PIN, TTL, TERM_GRACE),
 )

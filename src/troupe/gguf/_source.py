@@ -103,16 +103,14 @@ class Source:
         lands past the file end, which `_bounds` reports.
         """
         u64 = self.u64
-        buf, pos, end = self.buf, self.pos, len(self.buf)
+        buf, pos, last = self.buf, self.pos, len(self.buf) - 8
         for _ in range(count):
-            if pos + 8 > end:
+            if pos > last:  # the length prefix is not (all) in the buffer
                 self.pos = pos
                 self.ensure(8)
-                buf, pos, end = self.buf, self.pos, len(self.buf)
-            pos += 8 + u64(buf, pos)[0]
-            if pos > end:
-                target = self.base + pos
-                self._bounds(target)
-                self.buf, self.base, self.pos = b"", target, 0
-                buf, pos, end = b"", 0, 0
+                buf, pos, last = self.buf, self.pos, len(self.buf) - 8
+            (n,) = u64(buf, pos)
+            pos += 8 + n
         self.pos = pos
+        if pos > len(buf):  # the last string ends past the buffer
+            self.skip(0)

@@ -201,12 +201,17 @@ def shard_paths(path: str | os.PathLike[str], split_count: int) -> list[str]:
 
 
 def read_model_facts(path: str | os.PathLike[str]) -> ModelFacts:
-    """Read `path` (the first shard of a split model) and any sibling shards there are."""
-    first = read_header(path)
-    count = first.get_int("split.count") or 1
-    others = [
+    """Read the model at `path`, with the sibling shards there are if it is split.
+
+    Any shard may be given: the facts come from the first shard (``split.no`` 0),
+    which is the one that carries the model's metadata.
+    """
+    given = read_header(path)
+    count = given.get_int("split.count") or 1
+    headers = [given] + [
         read_header(p)
         for p in shard_paths(path, count)
-        if os.path.abspath(p) != os.path.abspath(first.path) and os.path.exists(p)
+        if os.path.abspath(p) != os.path.abspath(given.path) and os.path.exists(p)
     ]
-    return model_facts(first, others)
+    first = next((h for h in headers if (h.get_int("split.no") or 0) == 0), given)
+    return model_facts(first, [h for h in headers if h is not first])

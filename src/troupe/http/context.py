@@ -25,7 +25,6 @@ __all__ = ["RouterContext", "build_context", "model_configs"]
 log = logging.getLogger("troupe.router")
 
 FAKE_TIMING_ENV = "LLAMA_SERVER_DEBUG_FAKE_TIMING"
-TERM_GRACE = 5.0  # seconds a child gets after SIGTERM before SIGKILL
 
 
 def model_configs(catalog: Catalog) -> list[ModelConfig]:
@@ -33,7 +32,7 @@ def model_configs(catalog: Catalog) -> list[ModelConfig]:
         ModelConfig(
             name=e.name,
             pin=e.pin,
-            ttl=float(e.ttl) if e.ttl is not None else None,
+            ttl=float(e.ttl) if e.ttl else None,  # ttl = 0: never
         )
         for e in catalog
     ]
@@ -90,7 +89,7 @@ class RouterContext:
             argv=argv,
             env=env,
             stop_timeout=float(entry.stop_timeout),
-            term_grace=TERM_GRACE,
+            term_grace=entry.term_grace,
             cwd=self.catalog.cwd,
         )
 
@@ -108,8 +107,7 @@ class RouterContext:
     # ----- lifecycle ---------------------------------------------------------------------
 
     def max_stop_seconds(self) -> float:
-        timeouts = [e.stop_timeout for e in self.catalog]
-        return float(max(timeouts, default=10)) + TERM_GRACE
+        return max((e.stop_timeout + e.term_grace for e in self.catalog), default=15.0)
 
     async def stop_http(self) -> None:
         self.http_stop.set()

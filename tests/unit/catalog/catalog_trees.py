@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+from troupe.catalog import Catalog
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
+HELP_SNAPSHOT = Path(__file__).parents[2] / "data" / "llama-server-help.txt"
+
+# build(ini=..., cli=[...], models_dir=..., env=..., reload=..., models_max=..., probe=...)
+BuildFn = Callable[..., Catalog]
 
 
 def add_repo(

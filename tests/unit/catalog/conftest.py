@@ -3,25 +3,21 @@ HF cache trees, and a one-call catalogue builder."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from catalog_trees import HELP_SNAPSHOT, BuildFn
 
 from troupe.catalog import Catalog, build_catalog
 from troupe.settings.argv import parse_engine_args
 from troupe.settings.options import OptionTable, parse_help
 from troupe.settings.router import RouterSettings, with_router_options
 
-HELP_SNAPSHOT = Path(__file__).parents[2] / "data" / "llama-server-help.txt"
-
 
 @pytest.fixture(scope="session")
 def table() -> OptionTable:
     return with_router_options(parse_help(HELP_SNAPSHOT.read_text()))
-
-
-BuildFn = Callable[..., Catalog]
 
 
 @pytest.fixture

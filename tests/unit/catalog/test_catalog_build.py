@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from catalog_trees import add_repo, touch
+from catalog_trees import BuildFn, add_repo, touch
 
-from conftest import BuildFn
-from troupe.catalog import Architecture, ModelEntry, Source
+from troupe.catalog import Architecture, ModelEntry, Source, restart_on_reload
 from troupe.errors import ConfigError
 
 BIN = "/opt/llama-server"
@@ -389,3 +388,10 @@ def test_empty_catalogue(build: BuildFn) -> None:
     cat = build()
     assert len(cat) == 0
     assert cat.names == ()
+
+
+def test_restart_on_reload(build: BuildFn) -> None:
+    before = build(ini="[a]\nctx-size = 1\nalias = x\n[b]\nctx-size = 1\n[c]\n")
+    after = build(ini="[a]\nctx-size = 1\nalias = y\n[b]\nctx-size = 2\n", reload=True)
+    decisions = {e.name: restart_on_reload(e, after.get(e.name)) for e in before}
+    assert decisions == {"a": False, "b": True, "c": True}

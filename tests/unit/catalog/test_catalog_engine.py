@@ -13,9 +13,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from catalog_trees import add_repo, touch
+from catalog_trees import HELP_SNAPSHOT, add_repo, touch
 
-from conftest import HELP_SNAPSHOT
 from troupe.catalog import build_catalog
 from troupe.errors import ConfigError
 from troupe.settings.argv import parse_engine_args

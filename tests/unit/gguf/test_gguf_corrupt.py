@@ -137,31 +137,6 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
         read_header(fifo)  # would block in open() if it were opened
 
 
-def test_every_truncation_fails_cleanly(files: Any) -> None:
-    path = files.llama(n_layer=2)
-    data = path.read_bytes()
-    h = read_header(path)
-    cut_path = path.with_name("cut.gguf")
-    for cut in range(h.data_offset):
-        cut_path.write_bytes(data[:cut])
-        with pytest.raises(GGUFError, match=r"truncated|bad magic"):
-            read_header(cut_path)
-    # cut inside the tensor data: the header is fine, the data is not
-    cut_path.write_bytes(data[: h.data_offset + 10])
-    with pytest.raises(GGUFError, match="truncated: tensor"):
-        read_header(cut_path)
-    assert len(read_header(cut_path, check_data=False).tensors) == len(h.tensors)
-
-
-def test_truncated_big_vocabulary(big_vocab_file: Path, tmp_path: Path) -> None:
-    data = big_vocab_file.read_bytes()
-    for cut in (100, len(data) // 3, len(data) // 2, len(data) - 2000):
-        p = tmp_path / f"cut{cut}.gguf"
-        p.write_bytes(data[:cut])
-        with pytest.raises(GGUFError, match="truncated"):
-            read_header(p)
-
-
 def _small_file() -> bytes:
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "s.gguf"
@@ -180,6 +155,42 @@ def _small_file() -> bytes:
 
 
 SMALL = _small_file()
+
+
+def _assert_truncations_fail(path: Path, cuts: range) -> None:
+    data = path.read_bytes()
+    h = read_header(path)
+    cut_path = path.with_name("cut.gguf")
+    for cut in cuts:
+        if cut >= h.data_offset:
+            break
+        cut_path.write_bytes(data[:cut])
+        with pytest.raises(GGUFError, match=r"truncated|bad magic"):
+            read_header(cut_path)
+    # cut inside the tensor data: the header is fine, the data is not
+    cut_path.write_bytes(data[: h.data_offset + 10])
+    with pytest.raises(GGUFError, match="truncated: tensor"):
+        read_header(cut_path)
+    assert len(read_header(cut_path, check_data=False).tensors) == len(h.tensors)
+
+
+def test_every_truncation_fails_cleanly(tmp_path: Path) -> None:
+    path = tmp_path / "small.gguf"
+    path.write_bytes(SMALL)
+    _assert_truncations_fail(path, range(len(SMALL)))
+
+
+def test_truncations_of_llama_like_file(files: Any) -> None:
+    _assert_truncations_fail(files.llama(n_layer=2), range(0, 1 << 20, 37))
+
+
+def test_truncated_big_vocabulary(big_vocab_file: Path, tmp_path: Path) -> None:
+    data = big_vocab_file.read_bytes()
+    for cut in (100, len(data) // 3, len(data) // 2, len(data) - 2000):
+        p = tmp_path / f"cut{cut}.gguf"
+        p.write_bytes(data[:cut])
+        with pytest.raises(GGUFError, match="truncated"):
+            read_header(p)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

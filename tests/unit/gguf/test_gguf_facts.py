@@ -274,6 +274,8 @@ def test_split_model(files: Any) -> None:
     assert f.parameter_count == 4 * 32 * (1 + 2 + 3)
     assert f.tensor_bytes == 2 * 4 * 32 * (1 + 2 + 3)
     assert f.context_length == 256
+    from_second = read_model_facts(files.root / "model-00002-of-00003.gguf")
+    assert from_second == f
     (files.root / "model-00003-of-00003.gguf").unlink()
     partial = read_model_facts(first)
     assert partial.shards_read == 2

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from troupe.gguf import GGUFError, GGUFHeader, SkippedArray, read_header
+from troupe.gguf import GGUFError, GGUFHeader, SkippedArray, _source, read_header
 
 VT = gguf.GGUFValueType
 PSEUDO_FIELDS = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
@@ -248,3 +248,18 @@ def test_random_kv_sets_match_gguf_reader(kvs: dict[str, Any], n_tensors: int) -
         w.write_tensors_to_file()
         w.close()
         assert_matches_gguf_reader(read_header(path), path)
+
+
+@pytest.mark.parametrize("chunk", [8, 13, 64, 1000])
+def test_tiny_read_chunks_give_the_same_header(
+    files: Any, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Every value, string and skipped array crossing a buffer boundary."""
+    path = files.llama(n_head_kv=[2, 2, 1, 1])
+    expected = read_header(path)
+    monkeypatch.setattr(_source, "_CHUNK", chunk)
+    h = read_header(path)
+    assert h.fields == expected.fields
+    assert h.tensors == expected.tensors
+    assert h.data_offset == expected.data_offset
+    assert_matches_gguf_reader(h, path)

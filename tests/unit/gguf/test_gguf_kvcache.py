@@ -197,3 +197,45 @@ def test_missing_context_length(files: Any) -> None:
     with pytest.raises(ValueError, match="context_length"):
         kv_cache_bytes(f, 0)
     assert kv_cache_bytes(f, 256) == 0  # no heads: nothing to cache
+
+
+def _gemma3_270m(files: Any) -> ModelFacts:
+    """The metadata of Gemma 3 270M (the demo model) that sizes its KV cache."""
+
+    def build(w: gguf.GGUFWriter) -> None:
+        w.add_context_length(32768)
+        w.add_embedding_length(640)
+        w.add_block_count(18)
+        w.add_head_count(4)
+        w.add_head_count_kv(1)
+        w.add_key_length(256)
+        w.add_value_length(256)
+        w.add_sliding_window(512)
+
+    return model_facts(read_header(files.write("gemma3-270m.gguf", "gemma3", build)))
+
+
+# Measured with the pinned llama-server (-lv 4) on the real gemma-3-270m Q4_K_M file:
+# "llama_kv_cache: size = X MiB (N cells, 3 layers, ...)" for the non-SWA cache, then
+# the same line for the SWA cache (15 layers).
+@pytest.mark.parametrize(
+    ("argv", "kwargs", "base_mib", "swa_mib"),
+    [
+        ("-c 4096 -np 1", {"n_ctx": 4096, "n_seq": 1, "unified": False}, 12.0, 15.0),
+        ("-c 4096 (np auto = 4, kvu)", {"n_ctx": 4096, "n_seq": 4}, 12.0, 37.5),
+        ("-c 4096 -np 4 -no-kvu", {"n_ctx": 4096, "n_seq": 4, "unified": False}, 12.0, 60.0),
+        (
+            "-c 0 -np 1 -ctk q8_0 -ctv q8_0",
+            {"n_ctx": 0, "n_seq": 1, "unified": False, "type_k": "q8_0", "type_v": "q8_0"},
+            51.0,
+            7.97,
+        ),
+        ("-c 4096 -np 1 --swa-full", {"n_ctx": 4096, "unified": False, "swa_full": True}, 12, 60),
+    ],
+)
+def test_matches_llama_server_on_gemma3_270m(
+    files: Any, argv: str, kwargs: dict[str, Any], base_mib: float, swa_mib: float
+) -> None:
+    f = _gemma3_270m(files)
+    assert sum(f.swa_layers or ()) == 15
+    assert round(kv_cache_bytes(f, **kwargs) / MiB, 2) == base_mib + swa_mib, argv

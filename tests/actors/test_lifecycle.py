@@ -1,0 +1,152 @@
+"""Instance and scheduler actors running real (fake-engine) child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+import trio
+
+from troupe.actors.scheduler import ModelUnavailable
+from troupe.sched import Status
+
+from troupe.testing.router import RouterFactory
+
+
+async def test_load_ready_unload_exit_zero(fake_router: RouterFactory) -> None:
+    async with fake_router({"a": {}}) as router:
+        with router.ctx.scheduler.subscribe() as events:
+            await router.ctx.scheduler.load("a")
+            snap = await router.wait_for_status("a", Status.LOADED)
+            pid = snap.models["a"].pid
+            assert psutil.pid_exists(pid)
+            await router.ctx.scheduler.unload("a")
+            snap = await router.wait_for_status("a", Status.UNLOADED)
+            assert snap.models["a"].exit_code == 0
+            assert not snap.models["a"].failed
+            seen = []
+            async for event in events:
+                seen.append((event["event"], (event.get("data") or {}).get("status")))
+                if seen[-1] == ("status_change", "unloaded"):
+                    break
+        assert seen[0] == ("model_status", "loading")
+        assert ("status_change", "loaded") in seen
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_sigkilled_child_is_failed_with_exit_code_1_and_loads_again(
+    fake_router: RouterFactory,
+) -> None:
+    async with fake_router({"a": {}}) as router:
+        await router.ctx.scheduler.load("a")
+        snap = await router.wait_for_status("a", Status.LOADED)
+        os.kill(snap.models["a"].pid, signal.SIGKILL)
+        snap = await router.wait_for_status("a", Status.UNLOADED)
+        view = snap.models["a"]
+        assert view.failed
+        assert view.exit_code == 1
+        assert view.last_error is not None
+        assert "SIGKILL" in view.last_error
+        await router.ctx.scheduler.load("a")
+        snap = await router.wait_for_status("a", Status.LOADED)
+        assert not snap.models["a"].failed
+
+
+async def test_stubborn_child_is_gone_after_stop_timeout_plus_term_grace(
+    fake_router: RouterFactory,
+) -> None:
+    sections = {
+        "a": {
+            "fake-ignore-exit": "1",
+            "fake-ignore-sigterm": "1",
+            "stop-timeout": "1",
+            "term-grace": "1",
+        }
+    }
+    async with fake_router(sections) as router:
+        await router.ctx.scheduler.load("a")
+        await router.wait_for_status("a", Status.LOADED)
+        start = trio.current_time()
+        await router.ctx.scheduler.unload("a")
+        with trio.fail_after(1 + 1 + 3):  # stop-timeout + term-grace + slack for a loaded machine
+            snap = await router.wait_for_status("a", Status.UNLOADED)
+        # It took the whole ladder (it ignored both requests), and SIGKILL is reported as 1.
+        assert trio.current_time() - start >= 2
+        assert snap.models["a"].exit_code == 1
+
+
+async def test_unload_while_loading_kills_at_once(fake_router: RouterFactory) -> None:
+    async with fake_router({"a": {"fake-load-time": "30", "fake-ignore-exit": "1"}}) as router:
+        await router.ctx.scheduler.load("a")
+        await router.wait_for_status("a", Status.LOADING)
+        await router.ctx.scheduler.unload("a")
+        with trio.fail_after(5):
+            snap = await router.wait_for_status("a", Status.UNLOADED)
+        assert snap.models["a"].failed  # upstream: a killed load reports exit code 1
+        assert snap.models["a"].exit_code == 1
+
+
+async def test_crash_during_load_fails_waiters_with_the_log_tail(
+    fake_router: RouterFactory,
+) -> None:
+    async with fake_router({"a": {"fake-load-crash": "3"}}) as router:
+        with pytest.raises(ModelUnavailable) as caught:
+            async with router.ctx.scheduler.lease("a"):
+                pass
+        failure = caught.value.failure
+        assert failure.status == 500
+        assert failure.message.startswith("model name=a failed to load")
+        assert "exit code 3" in failure.message
+
+
+async def test_oom_during_load_is_reported(fake_router: RouterFactory) -> None:
+    async with fake_router({"a": {"fake-oom": "1"}}) as router:
+        with pytest.raises(ModelUnavailable) as caught:
+            async with router.ctx.scheduler.lease("a"):
+                pass
+        assert "out of memory" in caught.value.failure.message
+
+
+async def test_crash_loop_holds_the_model_back_until_an_explicit_load(
+    fake_router: RouterFactory,
+) -> None:
+    async with fake_router({"a": {"fake-load-crash": "1"}}) as router:
+        for _ in range(3):
+            with pytest.raises(ModelUnavailable) as caught:
+                async with router.ctx.scheduler.lease("a"):
+                    pass
+            assert "failed to load" in caught.value.failure.message
+        # Held back: the fourth request fails fast without spawning anything.
+        with pytest.raises(ModelUnavailable) as caught:
+            async with router.ctx.scheduler.lease("a"):
+                pass
+        assert caught.value.failure.status == 503
+        assert "held back" in caught.value.failure.message
+        assert router.snapshot.models["a"].held_until is not None
+        # An explicit load lifts the hold.
+        await router.ctx.scheduler.load("a")
+        assert router.snapshot.models["a"].held_until is None
+
+
+async def test_one_model_crashing_never_disturbs_another(fake_router: RouterFactory) -> None:
+    async with fake_router({"good": {}, "bad": {"fake-load-crash": "1"}}) as router:
+        async with router.ctx.scheduler.lease("good") as grant:
+            with pytest.raises(ModelUnavailable):
+                async with router.ctx.scheduler.lease("bad"):
+                    pass
+            assert router.status("good") is Status.LOADED
+            assert grant.port == router.snapshot.models["good"].port
+
+
+async def test_shutdown_stops_every_child(fake_router: RouterFactory) -> None:
+    pids = []
+    async with fake_router({"a": {}, "b": {}, "c": {}}, "--models-max", "0") as router:
+        for name in ("a", "b", "c"):
+            await router.ctx.scheduler.load(name)
+        for name in ("a", "b", "c"):
+            snap = await router.wait_for_status(name, Status.LOADED)
+            pids.append(snap.models[name].pid)
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

