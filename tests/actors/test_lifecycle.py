@@ -11,7 +11,6 @@ import trio
 
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.sched import Status
-
 from troupe.testing.router import RouterFactory
 
 
@@ -131,13 +130,13 @@ async def test_crash_loop_holds_the_model_back_until_an_explicit_load(
 
 
 async def test_one_model_crashing_never_disturbs_another(fake_router: RouterFactory) -> None:
-    async with fake_router({"good": {}, "bad": {"fake-load-crash": "1"}}) as router:
-        async with router.ctx.scheduler.lease("good") as grant:
-            with pytest.raises(ModelUnavailable):
-                async with router.ctx.scheduler.lease("bad"):
-                    pass
-            assert router.status("good") is Status.LOADED
-            assert grant.port == router.snapshot.models["good"].port
+    sections = {"good": {}, "bad": {"fake-load-crash": "1"}}
+    async with fake_router(sections) as router, router.ctx.scheduler.lease("good") as grant:
+        with pytest.raises(ModelUnavailable):
+            async with router.ctx.scheduler.lease("bad"):
+                pass
+        assert router.status("good") is Status.LOADED
+        assert grant.port == router.snapshot.models["good"].port
 
 
 async def test_shutdown_stops_every_child(fake_router: RouterFactory) -> None:

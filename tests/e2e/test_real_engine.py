@@ -44,8 +44,8 @@ async def test_serves_completion_tokenize_and_chat_stream(
             url = await engine.url()
         print(f"real engine: tiny model ready in {time.monotonic() - started:.2f} s")
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            await check_http_surface(client, "tiny-a")
             info = (await client.get("/v1/models")).json()["data"][0]
+            await check_http_surface(client, "tiny-a")
         assert info["meta"]["n_vocab"] == 294
         assert info["meta"]["n_ctx_train"] == 512
         assert engine.states == []  # not a child: no state lines
@@ -82,7 +82,8 @@ def test_fake_help_copies_the_real_help_verbatim(engine_path: Path) -> None:
         if option.spellings[0] in knob_names:
             continue
         found = real_table.by_spelling(option.spellings[0])
-        assert found is not None and found[0] == option, option
+        assert found is not None, option
+        assert found[0] == option
 
 
 def test_version_format(engine_path: Path, fake_engine_path: Path) -> None:

@@ -57,11 +57,12 @@ async def test_serves_like_the_real_engine(fake_engine_path: Path, model: Path) 
 
 
 async def test_child_reports_loading_then_ready(fake_engine_path: Path, model: Path) -> None:
+    size = model.stat().st_size  # noqa: ASYNC240 (a local file, before anything runs)
     engine = await check_child_ready(argv(fake_engine_path, model, "-a", "tiny-a"), "tiny-a")
     info = engine.states[-1][1]
     assert isinstance(info, dict)
     assert info["aliases"] == ["tiny-a"]
-    assert info["meta"]["size"] == model.stat().st_size
+    assert info["meta"]["size"] == size
 
 
 async def test_child_exits_0_on_exit_command(fake_engine_path: Path, model: Path) -> None:
@@ -89,14 +90,17 @@ def test_help_parses_into_options_with_knobs() -> None:
     table = parse_help(help_text())
     for key, env in [("fake-load-time", "TROUPE_FAKE_LOAD_TIME"), ("fake-tps", "TROUPE_FAKE_TPS")]:
         found = table.by_key(key)
-        assert found is not None and found[0].takes_value and found[0].env == env
+        assert found is not None
+        assert (found[0].takes_value, found[0].env) == (True, env)
     oom = table.by_key("fake-oom")
-    assert oom is not None and not oom[0].takes_value
+    assert oom is not None
+    assert not oom[0].takes_value
     assert len([o for o in table if o.spellings[0].startswith("--fake-")]) == len(KNOBS)
     for key in ("model", "alias", "port", "ctx-size", "n-gpu-layers", "sleep-idle-seconds"):
         assert table.by_key(key) is not None, key
     negated = table.by_key("no-models-autoload")
-    assert negated is not None and negated[1] is True
+    assert negated is not None
+    assert negated[1] is True
 
 
 def test_knobs_read_env_and_command_line_wins() -> None:
@@ -104,6 +108,8 @@ def test_knobs_read_env_and_command_line_wins() -> None:
     cfg = load_config(["--fake-load-time", "0.5", "--mystery", "x", "-ngl", "99"], env)
     assert (cfg.load_time, cfg.ignore_exit, cfg.port) == (0.5, True, 9)
     assert cfg.ignored == ("--mystery", "x")
+    assert load_config(["--sleep-idle-seconds", "2"], {}).sleep_idle == 2.0
+    assert load_config(["--no-models-autoload", "--fake-oom"], {}).oom is True
 
 
 def test_version_is_probed_like_the_real_one(fake_engine_path: Path) -> None:
@@ -114,22 +120,30 @@ def test_version_is_probed_like_the_real_one(fake_engine_path: Path) -> None:
 # --- knobs ----------------------------------------------------------------------------------
 
 
-async def test_load_time_delays_ready_and_health_says_loading(
-    fake_engine_path: Path, model: Path
-) -> None:
-    port = free_port()
-    cmd = argv(fake_engine_path, model, "--fake-load-time", "0.6", port=port)
+async def test_load_time_delays_ready(fake_engine_path: Path, model: Path) -> None:
     started = time.monotonic()
+    async with open_engine(argv(fake_engine_path, model, "--fake-load-time", "0.5")) as engine:
+        with trio.fail_after(30):
+            await engine.wait_state("ready")
+    assert time.monotonic() - started >= 0.5
+    assert len(engine.states) >= 4  # 0.0, progress every 200 ms, 1.0, ready
+
+
+async def test_health_says_loading_until_the_gate_opens(
+    fake_engine_path: Path, model: Path, tmp_path: Path
+) -> None:
+    port, gate = free_port(), tmp_path / "gate"
+    cmd = argv(fake_engine_path, model, "--fake-load-gate", str(gate), port=port)
     async with open_engine(cmd) as engine, httpx.AsyncClient(timeout=10) as client:
         with trio.fail_after(30):
             await engine.wait_state("loading")  # sent once HTTP is up
-            r = await client.get(f"http://127.0.0.1:{port}/health")
-            assert (r.status_code, r.json()) == (503, LOADING_503)
+            for path in ("/health", "/v1/models", "/completion"):
+                r = await client.get(f"http://127.0.0.1:{port}{path}")
+                assert (r.status_code, r.json()) == (503, LOADING_503)
+            gate.touch()
             await engine.wait_state("ready")
-        assert time.monotonic() - started >= 0.6
-        assert len(engine.states) >= 4  # 0.0, progress every 200 ms, 1.0, ready
-        r = await client.get(f"http://127.0.0.1:{port}/health")
-        assert r.status_code == 200
+            r = await client.get(f"http://127.0.0.1:{port}/health")
+            assert r.status_code == 200
 
 
 @pytest.mark.parametrize(("knob", "code", "text"), [
@@ -158,14 +172,19 @@ async def test_crash_mid_stream_truncates_and_exits_with_code(
             url = await engine.url()
             events: list[str] = []
             request = {"prompt": "hi", "n_predict": 10, "stream": True}
+
+            async def read_stream() -> None:
+                async with client.stream("POST", "/v1/completions", json=request) as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: "):
+                            events.append(line)
+
             async with httpx.AsyncClient(base_url=url, timeout=10) as client:
                 with pytest.raises(httpx.RemoteProtocolError):  # the chunked body never ends
-                    async with client.stream("POST", "/v1/completions", json=request) as resp:
-                        async for line in resp.aiter_lines():
-                            if line.startswith("data: "):
-                                events.append(line)
+                    await read_stream()
             assert await engine.wait() == 7
-    assert len(events) == 3 and "[DONE]" not in "".join(events), events
+    assert len(events) == 3, events
+    assert "[DONE]" not in "".join(events)
 
 
 async def test_ignore_exit_and_sigterm_until_sigkill(fake_engine_path: Path, model: Path) -> None:
@@ -193,11 +212,12 @@ async def test_tokens_per_second_and_default_token_count(
             url = await engine.url()
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             started = time.monotonic()
-            async with client.stream("POST", "/completion", json={"prompt": "x", "stream": True}) as r:
-                events = await read_sse(r)
+            request = {"prompt": "x", "stream": True}
+            async with client.stream("POST", "/completion", json=request) as response:
+                events = await read_sse(response)
             elapsed = time.monotonic() - started
     final = json.loads(events[-1])
-    assert final["stop"] is True and final["tokens_predicted"] == 5
+    assert (final["stop"], final["tokens_predicted"]) == (True, 5)
     assert len(events) == 6  # five tokens and the final summary; /completion sends no [DONE]
     assert elapsed >= 5 / 20 * 0.9, elapsed
 
@@ -217,7 +237,8 @@ async def test_sleeps_when_idle_and_wakes_on_request(fake_engine_path: Path, mod
                 assert r.json()["tokens_predicted"] == 2
             assert await engine.wait_state("ready", asleep_at) == {}  # wake: ready with {}
     kinds = [s for s, _ in engine.states[asleep_at - 1 :]]
-    assert kinds[0] == "sleeping" and kinds[1] == "loading" and "ready" in kinds
+    assert kinds[:2] == ["sleeping", "loading"], kinds
+    assert "ready" in kinds
 
 
 async def test_api_key(fake_engine_path: Path, model: Path) -> None:
@@ -236,13 +257,21 @@ async def test_realtime_websocket_echoes_and_closes_with_code(
 ) -> None:
     async with open_engine(argv(fake_engine_path, model), child=False) as engine:
         with trio.fail_after(30):
-            url = (await engine.url()).replace("http://", "ws://")
-            async with trio_websocket.open_websocket_url(f"{url}/v1/realtime") as ws:
+            port = int((await engine.url()).rsplit(":", 1)[1])
+            # We own the TCP stream: trio-websocket 0.12.2 never closes a client's socket
+            # when the server closes first (ResourceWarning: unclosed socket).
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream, trio.open_nursery() as nursery:
+                ws = await trio_websocket.wrap_client_stream(
+                    nursery, stream, "127.0.0.1", "/v1/realtime"
+                )
                 await ws.send_message("hello")
                 assert await ws.get_message() == "hello"
                 await ws.send_message(b"\x00\x01binary")
                 assert await ws.get_message() == b"\x00\x01binary"
-                await ws.send_message(json.dumps({"type": "close", "code": 4001, "reason": "bye"}))
+                close = {"type": "close", "code": 4001, "reason": "bye"}
+                await ws.send_message(json.dumps(close))
                 with pytest.raises(trio_websocket.ConnectionClosed) as closed:
                     await ws.get_message()
+                await ws.aclose()
             assert (closed.value.reason.code, closed.value.reason.reason) == (4001, "bye")

@@ -25,6 +25,7 @@ class EventBus:
         self._buffer = buffer
         self._subscribers: set[trio.MemorySendChannel[Event]] = set()
         self._closed = False
+        self._joined = trio.Event()  # set (and renewed) whenever someone subscribes
 
     @property
     def subscriber_count(self) -> int:
@@ -48,11 +49,18 @@ class EventBus:
             send.close()
         else:
             self._subscribers.add(send)
+            self._joined.set()
+            self._joined = trio.Event()
         try:
             yield recv
         finally:
             self._drop(send)
             recv.close()
+
+    async def wait_for_subscribers(self, count: int = 1) -> None:
+        """Return once at least ``count`` streams are subscribed (tests, dashboards)."""
+        while len(self._subscribers) < count:
+            await self._joined.wait()
 
     def close(self) -> None:
         """End every stream (shutdown): subscribers see end-of-channel at once."""

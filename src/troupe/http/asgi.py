@@ -6,6 +6,8 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
+import trio
+
 from troupe.http.errors import JSON_TYPE
 
 __all__ = [
@@ -17,6 +19,7 @@ __all__ = [
     "query_params",
     "read_body",
     "send_response",
+    "until_disconnect",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -52,7 +55,8 @@ def query_params(scope: Scope) -> dict[str, str]:
 
 
 async def read_body(receive: Receive, limit: int) -> bytes:
-    """The whole request body, refusing one over ``limit`` bytes as soon as it is seen."""
+    """The whole request body; one over ``limit`` bytes is read to its end and dropped
+    (a client still sending would not see the answer) and raises `BodyTooLarge`."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -61,11 +65,37 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             raise ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        else:
+            chunks.clear()
         if not message.get("more_body", False):
+            if size > limit:
+                raise BodyTooLarge
             return b"".join(chunks)
+
+
+async def until_disconnect(receive: Receive, work: Callable[[], Awaitable[None]]) -> bool:
+    """Run ``work`` until it ends or the client disconnects (which cancels it).
+
+    Plain ASGI apps are not cancelled by hypercorn when a client goes away; they only
+    see ``http.disconnect`` on ``receive``. Call this once the body has been read.
+    Returns True when the client disconnected.
+    """
+    gone = False
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        await work()
+        nursery.cancel_scope.cancel()
+    return gone
 
 
 async def send_response(

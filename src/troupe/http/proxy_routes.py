@@ -24,10 +24,12 @@ from troupe.http.asgi import (
     query_params,
     read_body,
     send_response,
+    until_disconnect,
 )
 from troupe.http.context import RouterContext
 from troupe.http.errors import dumps, error_body, failure_body
 from troupe.http.streams import owner_of
+from troupe.proxy.relay import ChildLost
 from troupe.sched import Failure, Snapshot, Status
 
 __all__ = [
@@ -64,9 +66,11 @@ def model_from_body(body: bytes, content_type: str | None) -> str:
         if not boundary:
             raise BadRequest("multipart body without a boundary")
         try:
-            form, _files = MultiPartParser().parse(io.BytesIO(body), boundary, len(body))
+            form, files = MultiPartParser().parse(io.BytesIO(body), boundary, len(body))
         except ValueError as exc:
             raise BadRequest(f"invalid multipart body: {exc}") from None
+        for upload in files.values():
+            upload.close()  # only the form fields matter here; the child gets the raw body
         value = form.get("model", "")
         return value if isinstance(value, str) else ""
     try:
@@ -119,6 +123,7 @@ def _crash_detail(ctx: RouterContext, model: str) -> Callable[[], Awaitable[str 
 async def _serve(
     ctx: RouterContext,
     scope: Scope,
+    receive: Receive,
     send: Send,
     name: str,
     body: bytes,
@@ -131,10 +136,37 @@ async def _serve(
     if isinstance(checked, Failure):
         await _send_failure(send, checked)
         return
+    lost: list[ChildLost] = []
+
+    async def work() -> None:
+        try:
+            await _lease_and_relay(
+                ctx, scope, send, checked, body, autoload, update_last_used, conv_id
+            )
+        except ChildLost as exc:
+            lost.append(exc)
+
+    # A client that goes away cancels its wait (it leaves the queue) or its relay (the
+    # child stops generating); hypercorn only tells a plain ASGI app through receive().
+    await until_disconnect(receive, work)
+    if lost:
+        raise lost[0]  # a response already started can only be aborted
+
+
+async def _lease_and_relay(
+    ctx: RouterContext,
+    scope: Scope,
+    send: Send,
+    entry: ModelEntry,
+    body: bytes,
+    autoload: bool,
+    update_last_used: bool,
+    conv_id: str,
+) -> None:
     scheduler = ctx.scheduler
     tracker = ctx.conversations
     # Registered before the wait, so a stop issued while the model loads can cancel it.
-    ticket = tracker.remember(conv_id, checked.name) if conv_id else 0
+    ticket = tracker.remember(conv_id, entry.name) if conv_id else 0
     try:
         # A conversation's wait ignores the client going away (a page reload must not
         # cancel the load); only a stop of the conversation cancels it (§6.6).
@@ -142,7 +174,7 @@ async def _serve(
             if ticket:
                 tracker.attach(conv_id, ticket, wait_scope)
             rid, grant = await scheduler.acquire(
-                checked.name, autoload=autoload, update_last_used=update_last_used
+                entry.name, autoload=autoload, update_last_used=update_last_used
             )
     except ModelUnavailable as exc:
         await _send_failure(send, exc.failure)
@@ -191,13 +223,13 @@ async def handle_proxy_post(ctx: RouterContext, scope: Scope, receive: Receive, 
         await send_response(send, 400, error_body(str(exc), "invalid_request_error"))
         return
     conv_id = header(scope, b"x-conversation-id") or ""
-    await _serve(ctx, scope, send, name, body, update_last_used=True, conv_id=conv_id)
+    await _serve(ctx, scope, receive, send, name, body, update_last_used=True, conv_id=conv_id)
 
 
 async def handle_proxy_get(ctx: RouterContext, scope: Scope, receive: Receive, send: Send) -> None:
     name = query_params(scope).get("model", "")
     # GET does not count as use: a dashboard polling /slots must not keep a model warm.
-    await _serve(ctx, scope, send, name, b"", update_last_used=False)
+    await _serve(ctx, scope, receive, send, name, b"", update_last_used=False)
 
 
 async def handle_stream_get(ctx: RouterContext, scope: Scope, send: Send) -> None:

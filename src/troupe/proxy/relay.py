@@ -7,8 +7,10 @@ Header rules follow llama.cpp's ``server_http_proxy`` (spec §3.6).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import cast
 
 import httpx
 import trio
@@ -22,8 +24,16 @@ log = logging.getLogger("troupe.proxy")
 
 CHILD_HOST = "127.0.0.1"
 _DROP_REQUEST = frozenset({b"accept-encoding", b"transfer-encoding", b"content-length", b"host"})
+# X-Accel-Buffering: the child sends its own on streams; ours goes on every response.
 _DROP_RESPONSE = frozenset(
-    {"server", "transfer-encoding", "content-length", "keep-alive", "connection"}
+    {
+        "server",
+        "transfer-encoding",
+        "content-length",
+        "keep-alive",
+        "connection",
+        "x-accel-buffering",
+    }
 )
 CLOSE_GRACE = 2.0  # seconds to close an upstream response when the client went away
 
@@ -102,7 +112,7 @@ class Relay:
         )
         try:
             with trio.CancelScope(shield=detached):
-                upstream = await self._client.send(request, stream=True)
+                upstream = await self._send(request)
         except httpx.HTTPError as exc:
             log.warning("proxy error for %s: %s", url, exc)
             text = f"proxy error: {_describe(exc)}"
@@ -117,9 +127,11 @@ class Relay:
             await send(
                 {"type": "http.response.start", "status": upstream.status_code, "headers": headers}
             )
-            async for chunk in upstream.aiter_raw():
-                if chunk:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            chunks = cast(AsyncGenerator[bytes, None], upstream.aiter_raw())
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.HTTPError as exc:
             log.warning("child connection lost during %s: %s", url, exc)
             if not streaming:
@@ -140,6 +152,16 @@ class Relay:
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
                 await upstream.aclose()
         await send({"type": "http.response.body", "body": b""})
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self._client.send(request, stream=True)
+        except httpx.RemoteProtocolError:
+            # llama-server closes a connection after an SSE stream although it said
+            # keep-alive; a request sent on such a pooled connection dies before any
+            # answer. Once more, on a fresh connection.
+            log.debug("pooled connection to the child was closed; retrying on a new one")
+            return await self._client.send(request, stream=True)
 
 
 class ChildLost(Exception):

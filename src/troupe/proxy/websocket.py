@@ -70,14 +70,23 @@ async def _bridge(
 ) -> None:
     path = scope.get("raw_path", b"").decode("latin-1") or scope["path"]
     query = scope.get("query_string", b"").decode("latin-1")
-    url = f"ws://127.0.0.1:{port}{path}" + (f"?{query}" if query else "")
+    resource = path + (f"?{query}" if query else "")
     extra = [(k, v) for k, v in scope["headers"] if k in _FORWARD_HEADERS]
     limit = ctx.settings.ws_max_message_bytes
-    async with trio.open_nursery() as nursery:
+    try:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+    except OSError as exc:
+        await _deny(send, 500, failure_body(Failure.server_error(f"proxy error: {exc}")))
+        return
+    # We own the TCP stream: trio-websocket does not close its socket when the server
+    # closes first.
+    async with stream, trio.open_nursery() as nursery:
         try:
-            upstream = await trio_websocket.connect_websocket_url(
+            upstream = await trio_websocket.wrap_client_stream(
                 nursery,
-                url,
+                stream,
+                "127.0.0.1",
+                resource,
                 subprotocols=scope.get("subprotocols") or None,
                 extra_headers=extra,
                 max_message_size=limit,
@@ -85,7 +94,7 @@ async def _bridge(
         except trio_websocket.ConnectionRejected as exc:
             await _deny(send, exc.status_code, exc.body or b"", _content_type(exc))
             return
-        except (trio_websocket.HandshakeError, OSError) as exc:
+        except (trio_websocket.HandshakeError, trio.BrokenResourceError, OSError) as exc:
             log.warning("websocket to the child failed: %s", exc)
             body = failure_body(Failure.server_error(f"proxy error: {exc}"))
             await _deny(send, 500, body)

@@ -6,14 +6,22 @@ at run time.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from troupe.testing.engine_process import EngineExited, EngineProcess, free_port, open_engine
-from troupe.testing.tiny_gguf import TinyModel, write_tiny_gguf, write_tiny_models
+if TYPE_CHECKING:
+    from troupe.testing.engine_process import (
+        EngineExited,
+        EngineProcess,
+        free_port,
+        open_engine,
+    )
+    from troupe.testing.tiny_gguf import TinyModel, write_tiny_gguf, write_tiny_models
 
 __all__ = [
     "EngineExited",
@@ -28,6 +36,27 @@ __all__ = [
 ]
 
 _SRC = Path(__file__).resolve().parents[2]  # the directory that holds the troupe package
+
+# Imported on first use: the fake engine runs as ``python -m troupe.testing.fake_engine``,
+# which imports this package, and numpy (for the GGUF writer) would add ~0.25 s to its start.
+_LAZY = {
+    "EngineExited": "engine_process",
+    "EngineProcess": "engine_process",
+    "free_port": "engine_process",
+    "open_engine": "engine_process",
+    "TinyModel": "tiny_gguf",
+    "write_tiny_gguf": "tiny_gguf",
+    "write_tiny_models": "tiny_gguf",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
 
 def fake_engine_argv() -> list[str]:

@@ -46,7 +46,7 @@ class RunningRouter:
     def status(self, model: str) -> Status:
         return self.snapshot.models[model].status
 
-    async def wait_for_status(self, model: str, *statuses: Status, timeout: float = 60) -> Snapshot:
+    async def wait_for_status(self, model: str, *statuses: Status, within: float = 60) -> Snapshot:
         """Wait (event-driven) until ``model`` has one of ``statuses``; a model that fails
         instead (unloaded with an error) ends the wait with an AssertionError."""
 
@@ -54,7 +54,7 @@ class RunningRouter:
             view = snap.models.get(model)
             return view is not None and (view.status in statuses or view.failed)
 
-        with trio.fail_after(timeout):
+        with trio.fail_after(within):
             snap = await self.ctx.scheduler.wait_until(settled)
         view = snap.models[model]
         assert view.status in statuses, f"{model} failed: {view.last_error}"

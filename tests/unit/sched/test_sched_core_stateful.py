@@ -386,7 +386,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.crashes[model].clear()  # an explicit load lifts a crash-loop hold
             self.step(self.core.load(rid, model, self.tick()))
             r = [x.result for x in self.replies_to(rid)]
-            if model not in self.configs:
+            if self.closing:
+                assert r == [Failure.unavailable("server is shutting down")], r
+            elif model not in self.configs:
                 assert r == [Failure.not_found("model is not found")]
             elif child is not None:
                 assert r == [Failure.bad_request("model is already running")]

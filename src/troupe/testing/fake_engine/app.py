@@ -118,15 +118,13 @@ class FakeApp:
             await send_json(send, 503, body)
             return
         try:
-            await self._dispatch(path, method, scope, receive, send)
+            await self._dispatch(path, method, receive, send)
         except BadRequest as exc:
             await send_error(send, str(exc), "invalid_request_error")
         except ClientGone:
             pass
 
-    async def _dispatch(
-        self, path: str | None, method: str, scope: Scope, receive: Receive, send: Send
-    ) -> None:
+    async def _dispatch(self, path: str | None, method: str, receive: Receive, send: Send) -> None:
         st, cfg = self.state, self.cfg
         if method == "GET" and path in _PUBLIC:
             await send_json(send, 200, {"status": "ok"})
@@ -195,7 +193,7 @@ class FakeApp:
 
     async def _stream(self, turn: r.Turn, n_tokens: int, receive: Receive, send: Send) -> None:
         cfg = self.cfg
-        headers = [_SERVER, (b"content-type", b"text/event-stream")]
+        headers = [_SERVER, (b"x-accel-buffering", b"no"), (b"content-type", b"text/event-stream")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
 
         async def event(*items: object) -> None:

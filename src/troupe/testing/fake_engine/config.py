@@ -13,6 +13,8 @@ __all__ = ["ALL_OPTIONS", "KNOBS", "FakeConfig", "load_config"]
 KNOBS: tuple[Opt, ...] = (
     knob("load-time", "seconds the fake takes to load its model, reporting loading progress "
          "(default: 0)", "SECONDS"),
+    knob("load-gate", "keep loading until this file exists, so a test decides when loading ends "
+         "(default: none)", "PATH"),
     knob("load-crash", "exit with this code halfway through loading, before ready (default: -1 "
          "= load normally)", "CODE"),
     knob("oom", "print a CUDA out-of-memory failure on stderr while loading, then exit 1"),
@@ -53,6 +55,7 @@ class FakeConfig:
     log_colors: bool = False
     # knobs
     load_time: float = 0.0
+    load_gate: str | None = None
     load_crash: int = -1
     oom: bool = False
     crash_after: int = -1
@@ -116,6 +119,7 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
         sleep_idle=sleep_idle if sleep_idle > 0 else -1.0,
         log_colors=v.get("log_colors", "off").strip().lower() in TRUTHY,
         load_time=max(0.0, num("fake_load_time", 0.0)),
+        load_gate=v.get("fake_load_gate") or None,
         load_crash=integer("fake_load_crash", -1),
         oom=flag("fake_oom"),
         crash_after=integer("fake_crash_after", -1),

@@ -34,7 +34,7 @@ __all__ = [
 VERSION = "0.0.0-fake"
 BUILD_INFO = "b0-fake"  # llama-server reports "b<build>-<commit>"
 _ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
-FAKE_META = {"vocab_type": 1, "n_vocab": 294, "n_embd": 128, "n_params": 665_728, "ftype": "F16"}
+FAKE_META = {"vocab_type": 1, "n_vocab": 294, "n_embd": 128, "n_params": 666_240, "ftype": "F16"}
 
 _ERROR_STATUS = {
     "invalid_request_error": 400,

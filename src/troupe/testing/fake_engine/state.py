@@ -18,6 +18,7 @@ from troupe.testing.fake_engine.responses import model_info
 __all__ = ["EngineState", "Phase", "die"]
 
 _PROGRESS_INTERVAL = 0.2  # llama.cpp throttles loading state lines to one per 200 ms
+_GATE_POLL = 0.02
 
 
 class Phase(enum.Enum):
@@ -114,6 +115,10 @@ class EngineState:
             if now < deadline:
                 value = 1.0 - (deadline - now) / cfg.load_time
                 self.channel.notify("loading", {**progress, "value": round(value, 6)})
+        # A file has no event to wait on: poll it.
+        gate = trio.Path(cfg.load_gate) if cfg.load_gate and not resume else None
+        while gate is not None and not await gate.exists():  # noqa: ASYNC110
+            await trio.sleep(_GATE_POLL)
         self.channel.notify("loading", {**progress, "value": 1.0})
         if cfg.mmproj:
             self.channel.notify("loading", {"stage": "mmproj_model"})
