@@ -107,7 +107,8 @@ class Instance:
             with trio.move_on_after(delay):
                 await self._stop.wait()
         if self._stop.is_set():
-            return 0, None  # stopped before it started
+            # Stopped before it started; a kill reads as upstream's killed load (exit 1).
+            return (1, "killed before it started") if self._kill else (0, None)
         try:
             port = free_port()
             argv = list(self.spec.argv(port))

@@ -92,8 +92,11 @@ class SchedulerCore:
         elif m is None or m.removed:
             self._reply(rid, Failure.server_error(f"model name={model} is not found"))
         elif not autoload:
-            # Upstream proxies to any running child without waiting, even one still loading.
-            if m.status.is_running:
+            # Upstream proxies to any running child without waiting, even one still loading
+            # (which answers 503 itself); one not started yet has no port to proxy to.
+            if m.status.is_running and m.spawn_pending:
+                self._reply(rid, Failure.unavailable("Loading model"))
+            elif m.status.is_running:
                 self._grant(rid, m, update_last_used, now, waited=False)
             else:
                 self._reply(rid, Failure.bad_request("model is not loaded"))
@@ -227,13 +230,9 @@ class SchedulerCore:
         m = self._current(model, gen)
         if m is not None and m.spawn_pending:
             m.spawn_pending = False
-            m.status = Status.LOADING
             m.port, m.pid = port, pid
-            m.loaded_info = None
-            m.progress = None
-            m.last_used = now
-            m.load_started = now
-            self._emit(model, "model_status", {"status": "loading"})
+            if m.status is Status.UNLOADED:  # a delayed spawn: loading starts only now
+                self._mark_loading(m, now)
             self._settle(now)
         return self._flush()
 
@@ -289,7 +288,7 @@ class SchedulerCore:
         m = self._current(model, gen)
         if m is None:
             return self._flush()
-        was_pending = m.spawn_pending
+        was_running = m.status.is_running
         m.status = Status.UNLOADED
         m.exit_code = code
         m.stopping = False
@@ -301,7 +300,7 @@ class SchedulerCore:
             m.last_error = detail
         if not expected:
             self._record_crash(m, now)
-        if not was_pending:
+        if was_running:
             self._emit(model, "status_change", {"status": "unloaded", "exit_code": code})
         if m.removed:
             del self._models[model]
@@ -399,7 +398,20 @@ class SchedulerCore:
         m.spawn_pending = True
         m.exit_code = 0
         m.last_eviction = None
+        m.port = m.pid = 0
+        if delay <= 0:
+            # Upstream's load() sets "loading" as it spawns: a GET /models or an unload
+            # right after a successful POST /models/load must see a running model.
+            self._mark_loading(m, now)
         self._out.append(Spawn(m.config.name, m.gen, delay))
+
+    def _mark_loading(self, m: ModelState, now: float) -> None:
+        m.status = Status.LOADING
+        m.loaded_info = None
+        m.progress = None
+        m.last_used = now
+        m.load_started = now
+        self._emit(m.config.name, "model_status", {"status": "loading"})
 
     def _request_stop(self, m: ModelState, reason: str) -> None:
         """Idempotent: a model already stopping is left alone (§6.5)."""
