@@ -10,12 +10,14 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from troupe import __version__
 from troupe.cli_help import SERVE_HELP, TOP_HELP
 from troupe.engine import Engine, find_engine, probe_engine
 from troupe.errors import TroupeError, UsageError
 from troupe.settings.argv import normalise_flag, parse_engine_args
+from troupe.settings.config_file import config_options, load_config
 from troupe.settings.options import EngineOption, OptionTable, load_option_table
 from troupe.settings.router import (
     TROUPE_OPTIONS,
@@ -97,6 +99,7 @@ def setup_logging(level: str) -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise UsageError(f"invalid value for --log-level: '{level}' (debug, info, warning, error)")
+    logging.getLogger().setLevel(numeric)
     logging.basicConfig(
         level=numeric,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
@@ -112,14 +115,24 @@ def _is_single_model(cli: dict[EngineOption, str]) -> bool:
 def prepare_router(args: Sequence[str]) -> tuple[Engine, OptionTable, RouterSettings] | list[str]:
     """Resolve engine, option table and settings; or the argv to exec for single-model mode."""
     own, rest = split_troupe_flags(args)
-    engine_flag = next((v for o, v in own.items() if o.long_name == "--engine"), None)
+    config_path = _own_flag(own, "--config") or os.environ.get("TROUPE_CONFIG")
+    config = load_config(Path(config_path)) if config_path else None
+    engine_flag = _own_flag(own, "--engine") or (config.troupe.engine if config else None)
     engine = probe_engine(*find_engine(engine_flag))
     table = with_router_options(load_option_table(engine.path))
     cli = parse_engine_args(rest, table)
     if _is_single_model(cli):
         return [str(engine.path), *rest]
-    settings = build_settings(table, cli, own, os.environ)
+    file_opts: dict[EngineOption, str] = {}
+    file_own: dict[EngineOption, str] = {}
+    if config is not None and config_path is not None:
+        file_opts, file_own = config_options(config, table, Path(config_path).resolve().parent)
+    settings = build_settings(table, cli, own, os.environ, file_opts, file_own)
     return engine, table, settings
+
+
+def _own_flag(own: dict[EngineOption, str], spelling: str) -> str | None:
+    return next((v for o, v in own.items() if o.long_name == spelling), None)
 
 
 def serve(args: Sequence[str]) -> int:
@@ -127,7 +140,7 @@ def serve(args: Sequence[str]) -> int:
         print(SERVE_HELP)
         return 0
     own, _ = split_troupe_flags(args)
-    level = next((v for o, v in own.items() if o.long_name == "--log-level"), None)
+    level = _own_flag(own, "--log-level")
     setup_logging(level or os.environ.get("TROUPE_LOG_LEVEL", "info"))
     prepared = prepare_router(args)
     if isinstance(prepared, list):
@@ -137,6 +150,7 @@ def serve(args: Sequence[str]) -> int:
         sys.stderr.flush()
         os.execv(prepared[0], prepared)
     engine, table, settings = prepared
+    setup_logging(settings.log_level)  # the config file may set it too
     log.info(
         "troupe %s, engine %s (%s, from %s)",
         __version__,

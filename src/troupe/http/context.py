@@ -11,10 +11,12 @@ import trio
 from troupe.actors.instance import LaunchSpec
 from troupe.actors.scheduler import ModelUnavailable, Scheduler
 from troupe.catalog import Catalog, ModelEntry, build_catalog, check_startup, needs_restart
+from troupe.catalog.facts import FactsCache
 from troupe.child.ledger import PidLedger
 from troupe.engine import Engine
 from troupe.errors import ConfigError, TroupeError
 from troupe.http.conversations import ConversationTracker
+from troupe.gguf import ModelFacts
 from troupe.proxy.relay import Relay
 from troupe.sched import Failure, ModelConfig, SchedulerCore, Status
 from troupe.settings.options import OptionTable
@@ -49,12 +51,14 @@ class RouterContext:
         catalog: Catalog,
         ledger: PidLedger | None,
         environ: dict[str, str],
+        facts: FactsCache | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
         self.table = table
         self.catalog = catalog
         self.environ = environ
+        self.facts = facts or FactsCache()
         self.fake_timing = bool(environ.get(FAKE_TIMING_ENV))
         core = SchedulerCore(
             model_configs(catalog), settings.models_max, fake_timing=self.fake_timing
@@ -146,8 +150,18 @@ class RouterContext:
 
     def _scan(self, reload: bool) -> Catalog:
         return build_catalog(
-            self.settings, self.table, self.environ, self.catalog.cwd, reload=reload
+            self.settings,
+            self.table,
+            self.environ,
+            self.catalog.cwd,
+            reload=reload,
+            probe=self.facts.architecture,
         )
+
+    def rejection(self, entry: ModelEntry) -> str | None:
+        """Why ``entry`` cannot run as a text model (a CLIP projector file), or None."""
+        facts = self.facts.facts(entry.model_path)
+        return facts.rejection if isinstance(facts, ModelFacts) else None
 
     def _changed(self, name: str, fresh: Catalog) -> bool:
         old, new = self.catalog.get(name), fresh.get(name)
@@ -171,12 +185,20 @@ def build_context(
     cwd: Path | None = None,
 ) -> RouterContext:
     env = dict(os.environ if environ is None else environ)
+    facts = FactsCache(no_mmproj=_no_mmproj(settings))
     try:
-        catalog = build_catalog(settings, table, env, cwd or Path.cwd())
+        catalog = build_catalog(settings, table, env, cwd or Path.cwd(), probe=facts.architecture)
         check_startup(catalog, settings.models_max)
     except ConfigError as exc:
         raise ConfigError(f"failed to initialize router models: {exc}") from None
     for warning in catalog.warnings:
         log.warning("%s", warning)
     log.info("%d models in the catalogue", len(catalog))
-    return RouterContext(settings, engine, table, catalog, ledger, env)
+    return RouterContext(settings, engine, table, catalog, ledger, env, facts)
+
+
+def _no_mmproj(settings: RouterSettings) -> bool:
+    """``--no-mmproj`` on the router command line hides projector modalities (§2.8)."""
+    return any(
+        opt.env == "LLAMA_ARG_MMPROJ_AUTO" and value == "0" for opt, value in settings.base_args
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from troupe.catalog import ModelEntry
+from troupe.catalog.facts import facts_json
 from troupe.http.context import RouterContext
 from troupe.sched import ModelView
 
@@ -73,7 +74,9 @@ def model_item(ctx: RouterContext, entry: ModelEntry, created: int, now: float) 
     if view is not None and view.status.is_running and isinstance(view.loaded_info, dict):
         for key, value in view.loaded_info.items():
             item.setdefault(key, value)
-    item[EXTRA_KEY] = _extras(view, now)
+    extras = _extras(view, now)
+    extras["gguf"] = facts_json(ctx.facts.facts(entry.model_path))
+    item[EXTRA_KEY] = extras
     return item
 
 

@@ -92,6 +92,9 @@ def validate_model(ctx: RouterContext, name: str, autoload: bool) -> ModelEntry 
     entry = ctx.catalog.resolve(name)
     if entry is None:
         return Failure.bad_request(f"model '{name}' not found")
+    rejected = ctx.rejection(entry)
+    if rejected:
+        return Failure.bad_request(f"model '{entry.name}' cannot be served: {rejected}")
     if not autoload:
         view = ctx.scheduler.snapshot.models.get(entry.name)
         if view is None or not view.status.is_running:

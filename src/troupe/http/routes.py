@@ -98,6 +98,11 @@ def create_local_app(ctx: RouterContext) -> QuartTrio:
         entry = ctx.catalog.resolve(name)
         if entry is None:
             return _error("model is not found", "not_found_error")
+        rejected = ctx.rejection(entry)
+        if rejected:
+            return _error(
+                f"model '{entry.name}' cannot be served: {rejected}", "invalid_request_error"
+            )
         view = ctx.scheduler.snapshot.models.get(entry.name)
         if view is not None and view.status.is_running:
             return _error("model is already running", "invalid_request_error")

@@ -69,6 +69,7 @@ ROUTER_OPTIONS: tuple[EngineOption, ...] = (
 # troupe's own flags: never forwarded to children (llama-server would reject them).
 TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--engine", hint="PATH", env="TROUPE_ENGINE"),
+    _opt("--config", hint="PATH", env="TROUPE_CONFIG"),
     _opt("--log-level", hint="LEVEL", env="TROUPE_LOG_LEVEL"),
     _opt("--state-dir", hint="PATH", env="TROUPE_STATE_DIR"),
     _opt("--max-body-mib", hint="N", env="TROUPE_MAX_BODY_MIB"),
@@ -131,14 +132,19 @@ def _parse_int(name: str, value: str) -> int:
 
 
 class _Lookup:
-    """Reads one setting: command line first, then its environment names."""
+    """Reads one setting: command line, then its environment names, then the config file."""
 
     def __init__(
-        self, table: OptionTable, cli: Mapping[EngineOption, str], environ: Mapping[str, str]
+        self,
+        table: OptionTable,
+        cli: Mapping[EngineOption, str],
+        environ: Mapping[str, str],
+        config: Mapping[EngineOption, str] | None = None,
     ) -> None:
         self.table = table
         self.cli = cli
         self.environ = environ
+        self.config = config or {}
 
     def get(self, spelling: str) -> tuple[str, str] | None:
         """``(source name, raw value)`` or None; flags read as "1"/"0"."""
@@ -153,6 +159,8 @@ class _Lookup:
             return names[1], "0"  # LLAMA_ARG_NO_X (any value) means false
         if names and names[0] in self.environ:
             return names[0], self.environ[names[0]]
+        if opt in self.config:
+            return f"{spelling} (config file)", self.config[opt]
         return None
 
     def text(self, spelling: str, default: str) -> str:
@@ -204,10 +212,12 @@ def build_settings(
     cli: Mapping[EngineOption, str],
     troupe_cli: Mapping[EngineOption, str],
     environ: Mapping[str, str],
+    config: Mapping[EngineOption, str] | None = None,
+    troupe_config: Mapping[EngineOption, str] | None = None,
 ) -> RouterSettings:
-    """Resolve router settings from parsed flags and the environment."""
-    get = _Lookup(table, cli, environ)
-    own = _Lookup(OptionTable(TROUPE_OPTIONS), troupe_cli, environ)
+    """Resolve router settings: command line > environment > config file > default."""
+    get = _Lookup(table, cli, environ, config)
+    own = _Lookup(OptionTable(TROUPE_OPTIONS), troupe_cli, environ, troupe_config)
 
     sleep_idle = get.integer("--sleep-idle-seconds", -1)
     if sleep_idle == 0 or sleep_idle < -1:
@@ -270,5 +280,5 @@ def build_settings(
         state_dir=own.path("--state-dir"),
         max_body_bytes=_mib(own, "--max-body-mib", 128),
         ws_max_message_bytes=_mib(own, "--ws-max-message-mib", 16),
-        base_args=tuple(cli.items()),
+        base_args=tuple({**(config or {}), **cli}.items()),
     )

@@ -1,0 +1,198 @@
+"""The router config file (``--config troupe.toml``), for deployments.
+
+Every router setting of the command line has a key here; precedence is default <
+config file < environment < command line, as llama-server's own config.ini. The file
+is structured with cattrs so a mistake names the key's path and what was expected::
+
+    [server]   host, port, api_prefix, timeout, api_keys, api_key_file, ssl_key_file,
+               ssl_cert_file, cors_origins, cors_methods, cors_headers, cors_credentials
+    [models]   dir, preset, max, autoload, sleep_idle_seconds
+    [troupe]   engine, log_level, state_dir, max_body_mib, ws_max_message_mib
+    [child]    any llama-server option, forwarded to every child ("ctx-size" = 4096)
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+
+from troupe.errors import ConfigError
+from troupe.settings.options import EngineOption, OptionTable
+from troupe.settings.router import TROUPE_OPTIONS
+
+__all__ = ["RouterConfig", "config_options", "load_config"]
+
+Scalar = str | int | float | bool
+
+
+@attrs.frozen
+class ServerSection:
+    host: str | list[str] | None = None
+    port: int | None = None
+    api_prefix: str | None = None
+    timeout: int | None = None
+    api_keys: list[str] | None = None
+    api_key_file: str | None = None
+    ssl_key_file: str | None = None
+    ssl_cert_file: str | None = None
+    cors_origins: str | None = None
+    cors_methods: str | None = None
+    cors_headers: str | None = None
+    cors_credentials: bool | None = None
+
+
+@attrs.frozen
+class ModelsSection:
+    dir: str | None = None
+    preset: str | None = None
+    max: int | None = None
+    autoload: bool | None = None
+    sleep_idle_seconds: int | None = None
+
+
+@attrs.frozen
+class TroupeSection:
+    engine: str | None = None
+    log_level: str | None = None
+    state_dir: str | None = None
+    max_body_mib: int | None = None
+    ws_max_message_mib: int | None = None
+
+
+@attrs.frozen
+class RouterConfig:
+    server: ServerSection = ServerSection()
+    models: ModelsSection = ModelsSection()
+    troupe: TroupeSection = TroupeSection()
+    child: dict[str, Scalar] = attrs.field(factory=dict)
+
+
+# Which command-line spelling each key stands for.
+_SERVER = {
+    "host": "--host",
+    "port": "--port",
+    "api_prefix": "--api-prefix",
+    "timeout": "--timeout",
+    "api_keys": "--api-key",
+    "api_key_file": "--api-key-file",
+    "ssl_key_file": "--ssl-key-file",
+    "ssl_cert_file": "--ssl-cert-file",
+    "cors_origins": "--cors-origins",
+    "cors_methods": "--cors-methods",
+    "cors_headers": "--cors-headers",
+    "cors_credentials": "--cors-credentials",
+}
+_MODELS = {
+    "dir": "--models-dir",
+    "preset": "--models-preset",
+    "max": "--models-max",
+    "autoload": "--models-autoload",
+    "sleep_idle_seconds": "--sleep-idle-seconds",
+}
+_TROUPE = {
+    "engine": "--engine",
+    "log_level": "--log-level",
+    "state_dir": "--state-dir",
+    "max_body_mib": "--max-body-mib",
+    "ws_max_message_mib": "--ws-max-message-mib",
+}
+
+
+def _converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True)
+
+    def scalar(value: Any, _: type) -> Scalar:
+        if isinstance(value, bool | int | float | str):
+            return value
+        raise TypeError(f"expected a string, number or boolean, got {type(value).__name__}")
+
+    conv.register_structure_hook(Scalar, scalar)
+
+    def host(value: Any, _: type) -> str | list[str] | None:
+        if isinstance(value, str) or (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        ):
+            return value
+        raise TypeError("expected a string or a list of strings")
+
+    conv.register_structure_hook(str | list[str] | None, host)
+    return conv
+
+
+def load_config(path: Path) -> RouterConfig:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    try:
+        return _converter().structure(raw, RouterConfig)
+    except cattrs.BaseValidationError as exc:
+        problems = "; ".join(cattrs.transform_error(exc, path="config"))
+        raise ConfigError(f"config file {path}: {problems}") from None
+
+
+def _text(value: Scalar | list[str]) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, list):
+        return ",".join(value)
+    return str(value)
+
+
+def config_options(
+    cfg: RouterConfig, table: OptionTable, base: Path
+) -> tuple[dict[EngineOption, str], dict[EngineOption, str]]:
+    """The file as parsed command-line options: (llama-server options, troupe options).
+    Relative paths are relative to the config file's directory."""
+    engine_opts: dict[EngineOption, str] = {}
+    own_table = OptionTable(TROUPE_OPTIONS)
+    own_opts: dict[EngineOption, str] = {}
+
+    def put(
+        section: object,
+        mapping: Mapping[str, str],
+        target: dict[EngineOption, str],
+        tab: OptionTable,
+    ) -> None:
+        for key, spelling in mapping.items():
+            value = getattr(section, key)
+            if value is None:
+                continue
+            found = tab.by_spelling(spelling)
+            assert found is not None, spelling
+            if key in (
+                "dir",
+                "preset",
+                "api_key_file",
+                "ssl_key_file",
+                "ssl_cert_file",
+                "engine",
+                "state_dir",
+            ):
+                value = (
+                    str((base / str(value)).resolve())
+                    if not Path(str(value)).is_absolute()
+                    else value
+                )
+            target[found[0]] = _text(value)
+
+    put(cfg.server, _SERVER, engine_opts, table)
+    put(cfg.models, _MODELS, engine_opts, table)
+    put(cfg.troupe, _TROUPE, own_opts, own_table)
+    for key, value in cfg.child.items():
+        found = table.by_key(key)
+        if found is None:
+            raise ConfigError(f"config file: [child] option '{key}' is not a llama-server option")
+        opt, negated = found
+        text = _text(value)
+        if negated and not opt.takes_value:
+            text = "0" if text in ("1", "true", "on") else "1"
+        engine_opts[opt] = text
+    return engine_opts, own_opts
