@@ -62,6 +62,10 @@ def _main(args: list[str]) -> int:
         command, rest = "serve", args  # `troupe --models-dir ...` reads like llama-server
     if command == "serve":
         return serve(rest)
+    if command == "models":
+        from troupe.commands.models import run_models  # noqa: PLC0415  (keeps start-up lean)
+
+        return run_models(rest)
     raise UsageError(f"unknown command '{command}' (try: troupe --help)")
 
 

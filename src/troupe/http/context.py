@@ -15,8 +15,8 @@ from troupe.catalog.facts import FactsCache
 from troupe.child.ledger import PidLedger
 from troupe.engine import Engine
 from troupe.errors import ConfigError, TroupeError
-from troupe.http.conversations import ConversationTracker
 from troupe.gguf import ModelFacts
+from troupe.http.conversations import ConversationTracker
 from troupe.proxy.relay import Relay
 from troupe.sched import Failure, ModelConfig, SchedulerCore, Status
 from troupe.settings.options import OptionTable

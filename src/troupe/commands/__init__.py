@@ -1,0 +1,1 @@
+"""Subcommands of ``troupe`` other than ``serve``."""

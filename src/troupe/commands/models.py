@@ -1,0 +1,130 @@
+"""``troupe models``: the catalogue as a table, with live status from a running router.
+
+Takes the same flags as ``troupe serve`` (so it shows exactly what that router would
+serve) plus ``--url`` for the router to ask for status; by default it asks the
+address those flags would listen on and shows "-" when nothing answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from troupe.catalog import build_catalog
+from troupe.catalog.facts import FactsCache, human_bytes
+from troupe.errors import ConfigError, UsageError
+from troupe.gguf import ModelFacts
+
+__all__ = ["model_rows", "run_models"]
+
+USAGE = "usage: troupe models [--url URL] [--json] [troupe serve flags...]"
+HEADERS = ("NAME", "SOURCE", "SIZE", "CONTEXT", "CAPABILITIES", "STATUS")
+
+
+def _take(args: list[str], flag: str) -> str | None:
+    if flag not in args:
+        return None
+    i = args.index(flag)
+    if i + 1 >= len(args):
+        raise UsageError(f"flag '{flag}' needs a value")
+    value = args[i + 1]
+    del args[i : i + 2]
+    return value
+
+
+def _statuses(url: str, api_keys: Sequence[str]) -> dict[str, str] | None:
+    headers = {"Authorization": f"Bearer {api_keys[0]}"} if api_keys else {}
+    try:
+        resp = httpx.get(url.rstrip("/") + "/models", headers=headers, timeout=1.0)
+        data = resp.json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    return {m["id"]: m["status"]["value"] for m in data if isinstance(m, dict)}
+
+
+def _capabilities(facts: ModelFacts | str | None, inputs: Sequence[str]) -> str:
+    caps = [m for m in inputs if m != "text"]
+    if isinstance(facts, ModelFacts):
+        if facts.rejection:
+            return "not a text model"
+        if facts.is_embedding:
+            caps.append("embedding")
+        if facts.chat_template_mentions_tools:
+            caps.append("tools")
+        if facts.mtp_layers:
+            caps.append(f"mtp:{facts.mtp_layers}")
+    return ",".join(["text", *caps])
+
+
+def model_rows(argv: Sequence[str]) -> tuple[list[dict[str, Any]], str, tuple[str, ...]]:
+    """One dict per catalogue entry, the URL a router with these flags would use, and
+    its API keys (to ask it for status)."""
+    from troupe.cli import prepare_router  # noqa: PLC0415  (cli imports this module lazily)
+
+    prepared = prepare_router(argv)
+    if isinstance(prepared, list):
+        raise UsageError("troupe models lists a router's catalogue; -m/-hf name a single model")
+    _engine, table, settings = prepared
+    facts = FactsCache()
+    try:
+        catalog = build_catalog(settings, table, os.environ, Path.cwd(), probe=facts.architecture)
+    except ConfigError as exc:
+        raise ConfigError(f"failed to initialize router models: {exc}") from None
+    rows = []
+    for entry in catalog.visible():
+        f = facts.facts(entry.model_path)
+        rows.append(
+            {
+                "name": entry.name,
+                "source": str(entry.source),
+                "size_bytes": f.tensor_bytes if isinstance(f, ModelFacts) else None,
+                "context": f.context_length if isinstance(f, ModelFacts) else None,
+                "capabilities": _capabilities(f, entry.architecture.input_modalities),
+                "aliases": list(entry.sorted_aliases),
+            }
+        )
+    host = settings.hosts[0]
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{settings.port}"
+    return rows, url, settings.api_keys
+
+
+def run_models(args: list[str]) -> int:
+    args = list(args)
+    if any(a in ("-h", "--help") for a in args):
+        print(USAGE)
+        return 0
+    url_flag = _take(args, "--url")
+    as_json = "--json" in args
+    if as_json:
+        args.remove("--json")
+    rows, default_url, keys = model_rows(args)
+    statuses = _statuses(url_flag or default_url, keys)
+    for row in rows:
+        row["status"] = statuses.get(row["name"], "-") if statuses is not None else "-"
+    if as_json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+        return 0
+    table = [
+        (
+            r["name"],
+            r["source"],
+            human_bytes(r["size_bytes"]),
+            str(r["context"] or "?"),
+            r["capabilities"],
+            r["status"],
+        )
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(HEADERS)]
+    for line in (HEADERS, *table):
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    if statuses is None:
+        print(f"(no router answered at {url_flag or default_url}: status unknown)")
+    return 0
