@@ -61,7 +61,10 @@ class RouterContext:
         self.facts = facts or FactsCache()
         self.fake_timing = bool(environ.get(FAKE_TIMING_ENV))
         core = SchedulerCore(
-            model_configs(catalog), settings.models_max, fake_timing=self.fake_timing
+            model_configs(catalog),
+            settings.models_max,
+            fake_timing=self.fake_timing,
+            queue_max=settings.queue_max,
         )
         self.scheduler = Scheduler(core, self, ledger=ledger)
         self.relay = Relay(float(settings.timeout))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from urllib.parse import quote
 
@@ -30,16 +31,18 @@ from troupe.http.context import RouterContext
 from troupe.http.errors import dumps, error_body, failure_body
 from troupe.http.streams import owner_of
 from troupe.proxy.relay import ChildLost
-from troupe.sched import Failure, Snapshot, Status
+from troupe.sched import Failure, Grant, Snapshot, Status
 
 __all__ = [
     "BadRequest",
+    "acquire_within",
     "autoload_flag",
     "handle_proxy_get",
     "handle_proxy_post",
     "handle_stream_get",
     "handle_websocket",
     "model_from_body",
+    "retry_after",
     "validate_model",
 ]
 
@@ -103,7 +106,34 @@ def validate_model(ctx: RouterContext, name: str, autoload: bool) -> ModelEntry 
 
 
 async def _send_failure(send: Send, failure: Failure) -> None:
-    await send_response(send, failure.status, failure_body(failure))
+    await send_response(send, failure.status, failure_body(failure), headers=retry_after(failure))
+
+
+def retry_after(failure: Failure) -> list[tuple[bytes, bytes]]:
+    if failure.retry_after is None:
+        return []
+    return [(b"retry-after", str(max(1, math.ceil(failure.retry_after))).encode())]
+
+
+async def acquire_within(
+    ctx: RouterContext, model: str, *, autoload: bool, update_last_used: bool
+) -> tuple[int, Grant]:
+    """`Scheduler.acquire` bounded by ``--queue-timeout``: a wait that lasts longer
+    leaves the queue and fails with a clear 503."""
+    timeout = ctx.settings.queue_timeout
+    if timeout is None:
+        return await ctx.scheduler.acquire(
+            model, autoload=autoload, update_last_used=update_last_used
+        )
+    with trio.move_on_after(timeout):
+        return await ctx.scheduler.acquire(
+            model, autoload=autoload, update_last_used=update_last_used
+        )
+    view = ctx.scheduler.snapshot.models.get(model)
+    state = f" (it is {view.status})" if view is not None else ""
+    raise ModelUnavailable(
+        Failure.unavailable(f"timed out after {timeout:g} s waiting for model {model}{state}")
+    )
 
 
 def _crash_detail(ctx: RouterContext, model: str) -> Callable[[], Awaitable[str | None]]:
@@ -176,8 +206,8 @@ async def _lease_and_relay(
         with trio.CancelScope(shield=bool(ticket)) as wait_scope:
             if ticket:
                 tracker.attach(conv_id, ticket, wait_scope)
-            rid, grant = await scheduler.acquire(
-                entry.name, autoload=autoload, update_last_used=update_last_used
+            rid, grant = await acquire_within(
+                ctx, entry.name, autoload=autoload, update_last_used=update_last_used
             )
     except ModelUnavailable as exc:
         await _send_failure(send, exc.failure)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,7 +35,10 @@ def _error(message: str, type_: str) -> Response:
 
 
 def _failure(failure: Failure) -> Response:
-    return Response(failure_body(failure), status=failure.status, content_type=JSON_TYPE)
+    response = Response(failure_body(failure), status=failure.status, content_type=JSON_TYPE)
+    if failure.retry_after is not None:
+        response.headers["Retry-After"] = str(max(1, math.ceil(failure.retry_after)))
+    return response
 
 
 async def _model_from_json() -> str | Response:

@@ -19,8 +19,8 @@ from troupe.actors.scheduler import ModelUnavailable
 from troupe.http.asgi import Receive, Scope, Send, query_params
 from troupe.http.context import RouterContext
 from troupe.http.errors import JSON_TYPE, failure_body
-from troupe.http.proxy_routes import autoload_flag, validate_model
-from troupe.sched import Failure
+from troupe.http.proxy_routes import acquire_within, autoload_flag, retry_after, validate_model
+from troupe.sched import Failure, Grant
 
 __all__ = ["bridge_websocket"]
 
@@ -31,12 +31,22 @@ _FORWARD_HEADERS = (b"authorization", b"x-api-key", b"openai-beta", b"x-conversa
 _UNSENDABLE = {1005, 1006, 1015}  # reserved codes: never sent in a close frame
 
 
-async def _deny(send: Send, status: int, body: bytes, content_type: str = JSON_TYPE) -> None:
+async def _deny(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: str = JSON_TYPE,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     await send(
         {
             "type": "websocket.http.response.start",
             "status": status,
-            "headers": [(b"content-type", content_type.encode()), (b"server", b"llama.cpp")],
+            "headers": [
+                (b"content-type", content_type.encode()),
+                (b"server", b"llama.cpp"),
+                *(headers or []),
+            ],
         }
     )
     await send({"type": "websocket.http.response.body", "body": body})
@@ -58,11 +68,32 @@ async def bridge_websocket(ctx: RouterContext, scope: Scope, receive: Receive, s
     if isinstance(checked, Failure):
         await _deny(send, checked.status, failure_body(checked))
         return
+    leased: list[tuple[int, Grant]] = []
+    failed: list[Failure] = []
+    async with trio.open_nursery() as nursery:
+
+        async def client_gone() -> None:
+            await receive()  # before the handshake, only a disconnect can arrive
+            nursery.cancel_scope.cancel()  # the wait leaves the queue
+
+        nursery.start_soon(client_gone)
+        try:
+            leased.append(
+                await acquire_within(ctx, checked.name, autoload=autoload, update_last_used=True)
+            )
+        except ModelUnavailable as exc:
+            failed.append(exc.failure)
+        nursery.cancel_scope.cancel()
+    if failed:
+        await _deny(send, failed[0].status, failure_body(failed[0]), headers=retry_after(failed[0]))
+        return
+    if not leased:
+        return  # the client left while waiting
+    rid, grant = leased[0]
     try:
-        async with ctx.scheduler.lease(checked.name, autoload=autoload) as grant:
-            await _bridge(ctx, scope, receive, send, grant.port)
-    except ModelUnavailable as exc:
-        await _deny(send, exc.failure.status, failure_body(exc.failure))
+        await _bridge(ctx, scope, receive, send, grant.port)
+    finally:
+        await ctx.scheduler.release(rid)
 
 
 async def _bridge(

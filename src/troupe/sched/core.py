@@ -22,6 +22,8 @@ from troupe.sched.table import ModelConfig, ModelState, ModelView, Snapshot
 __all__ = ["SchedulerCore"]
 
 FAKE_TIMING_DELAY = 2.0  # LLAMA_SERVER_DEBUG_FAKE_TIMING: seconds before each load
+DEFAULT_LOAD_SECONDS = 10.0  # a load never measured yet, for Retry-After
+EVICTION_REASONS = ("lru for ", "ttl", "memory")  # stops the scheduler decided on its own
 
 
 @attrs.define
@@ -58,8 +60,10 @@ class SchedulerCore:
         fake_timing: bool = False,
         crash_limit: int = 3,
         crash_window: float = 60.0,
+        queue_max: int = 0,
     ) -> None:
         self.models_max = models_max
+        self.queue_max = queue_max  # 0: no limit on waiting requests
         self.fake_timing = fake_timing
         self.crash_limit = crash_limit
         self.crash_window = crash_window
@@ -73,6 +77,7 @@ class SchedulerCore:
         self._reloading = False  # loads wait while the catalogue is swapped (§6.9)
         self._out: list[Effect] = []
         self._version = 0
+        self._queue_seen: dict[str, tuple[int, int]] = {}  # model -> (waiters, position)
 
     # ----- requests -----------------------------------------------------------------
 
@@ -104,6 +109,8 @@ class SchedulerCore:
             self._grant(rid, m, update_last_used, now, waited=False)
         elif self._held_back(m, now):
             self._reply(rid, Failure.unavailable(self._held_message(m, now)))
+        elif self.queue_max > 0 and len(self._waiters) >= self.queue_max:
+            self._reply(rid, self._queue_full(model))
         else:
             w = _Waiter(model, update_last_used)
             self._waiters[rid] = w
@@ -366,8 +373,35 @@ class SchedulerCore:
     # ----- internals ----------------------------------------------------------------------
 
     def _flush(self) -> list[Effect]:
+        self._emit_queue_changes()
         out, self._out = self._out, []
         return out
+
+    def _emit_queue_changes(self) -> None:
+        """A ``troupe_queue`` event for each entry whose waiters or position changed."""
+        now_seen = {e.model: (e.waiters, i + 1) for i, e in enumerate(self._queue.entries)}
+        for model in sorted(now_seen.keys() | self._queue_seen.keys()):
+            state = now_seen.get(model)
+            if state != self._queue_seen.get(model):
+                waiters, position = state if state is not None else (0, None)
+                self._emit(model, "troupe_queue", {"waiting": waiters, "position": position})
+        self._queue_seen = now_seen
+
+    def _queue_full(self, model: str) -> Failure:
+        """503 with a Retry-After from the measured load times of the models ahead."""
+        ahead = [e.model for e in self._queue.entries]
+        if model not in ahead:
+            ahead.append(model)
+        seconds = 0.0
+        for name in ahead:
+            m = self._models.get(name)
+            load = m.last_load_seconds if m is not None else None
+            seconds += load if load is not None else DEFAULT_LOAD_SECONDS
+        message = (
+            f"too many requests waiting for models ({len(self._waiters)}, --queue-max "
+            f"{self.queue_max}); retry in {max(1, round(seconds))} s"
+        )
+        return Failure(503, message, "unavailable_error", retry_after=max(1.0, seconds))
 
     def _reply(self, rid: int, result: Grant | Failure | None) -> None:
         self._out.append(Reply(rid, result))
@@ -419,6 +453,8 @@ class SchedulerCore:
             return
         m.stopping = True
         m.last_eviction = reason
+        if reason.startswith(EVICTION_REASONS):
+            self._emit(m.config.name, "troupe_evict", {"reason": reason})
         # A model still loading has no request to finish: it is killed at once.
         kill = m.status is Status.LOADING or m.spawn_pending
         self._out.append(Stop(m.config.name, m.gen, kill=kill, reason=reason))

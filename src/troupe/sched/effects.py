@@ -49,6 +49,7 @@ class Failure:
     status: int
     message: str
     type: str
+    retry_after: float | None = None  # seconds, for a Retry-After header
 
     @classmethod
     def bad_request(cls, message: str) -> Failure:

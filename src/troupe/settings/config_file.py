@@ -7,7 +7,8 @@ is structured with cattrs so a mistake names the key's path and what was expecte
     [server]   host, port, api_prefix, timeout, api_keys, api_key_file, ssl_key_file,
                ssl_cert_file, cors_origins, cors_methods, cors_headers, cors_credentials
     [models]   dir, preset, max, autoload, sleep_idle_seconds
-    [troupe]   engine, log_level, state_dir, max_body_mib, ws_max_message_mib
+    [troupe]   engine, log_level, state_dir, max_body_mib, ws_max_message_mib, queue_max,
+               queue_timeout
     [child]    any llama-server option, forwarded to every child ("ctx-size" = 4096)
 """
 
@@ -62,6 +63,8 @@ class TroupeSection:
     state_dir: str | None = None
     max_body_mib: int | None = None
     ws_max_message_mib: int | None = None
+    queue_max: int | None = None
+    queue_timeout: float | None = None
 
 
 @attrs.frozen
@@ -100,6 +103,8 @@ _TROUPE = {
     "state_dir": "--state-dir",
     "max_body_mib": "--max-body-mib",
     "ws_max_message_mib": "--ws-max-message-mib",
+    "queue_max": "--queue-max",
+    "queue_timeout": "--queue-timeout",
 }
 
 

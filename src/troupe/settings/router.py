@@ -73,6 +73,8 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--log-level", hint="LEVEL", env="TROUPE_LOG_LEVEL"),
     _opt("--state-dir", hint="PATH", env="TROUPE_STATE_DIR"),
     _opt("--max-body-mib", hint="N", env="TROUPE_MAX_BODY_MIB"),
+    _opt("--queue-max", hint="N", env="TROUPE_QUEUE_MAX"),
+    _opt("--queue-timeout", hint="SECONDS", env="TROUPE_QUEUE_TIMEOUT"),
     _opt("--ws-max-message-mib", hint="N", env="TROUPE_WS_MAX_MESSAGE_MIB"),
 )
 
@@ -111,6 +113,8 @@ class RouterSettings:
     state_dir: Path | None = None  # PID ledger and measurements (default: XDG state dir)
     max_body_bytes: int = 128 << 20  # a proxied request body over this gets 413
     ws_max_message_bytes: int = 16 << 20  # WebSocket message limit, both directions
+    queue_max: int = 0  # requests waiting for a model at once; 0: no limit
+    queue_timeout: float | None = None  # longest wait for a model; None: no limit
     # Every llama-server option from the command line, forwarded to children (spec §2.5).
     base_args: tuple[tuple[EngineOption, str], ...] = ()
 
@@ -187,6 +191,26 @@ def _mib(get: _Lookup, spelling: str, default: int) -> int:
             f"invalid value for {spelling}: {value} (expected a positive number of MiB)"
         )
     return value << 20
+
+
+def _non_negative(value: int, spelling: str) -> int:
+    if value < 0:
+        raise UsageError(f"invalid value for {spelling}: {value} (expected 0 or more)")
+    return value
+
+
+def _timeout(text: str) -> float | None:
+    if not text.strip():
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise UsageError(
+            f"invalid value for --queue-timeout: '{text}' (expected seconds)"
+        ) from None
+    if not seconds > 0:
+        raise UsageError(f"invalid value for --queue-timeout: '{text}' (expected seconds > 0)")
+    return seconds
 
 
 def _read_api_keys(path: Path) -> tuple[str, ...]:
@@ -280,5 +304,7 @@ def build_settings(
         state_dir=own.path("--state-dir"),
         max_body_bytes=_mib(own, "--max-body-mib", 128),
         ws_max_message_bytes=_mib(own, "--ws-max-message-mib", 16),
+        queue_max=_non_negative(own.integer("--queue-max", 0), "--queue-max"),
+        queue_timeout=_timeout(own.text("--queue-timeout", "")),
         base_args=tuple({**(config or {}), **cli}.items()),
     )

@@ -326,11 +326,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.core is not None
         model = self.names[i % len(self.names)]
         child = self.children.get(model)
-        held = child is None and self.held(model)
         rid = self.ask("acquire", model, autoload)
-        self.step(
-            self.core.acquire(rid, model, self.tick(), autoload=autoload, update_last_used=post)
-        )
+        now = self.tick()
+        held = child is None and self.held(model)
+        self.step(self.core.acquire(rid, model, now, autoload=autoload, update_last_used=post))
         r = self.replies_to(rid)
         if self.closing:
             assert [x.result for x in r] == [Failure.unavailable("server is shutting down")]

@@ -1,0 +1,420 @@
+"""Proxy overhead: the child directly vs troupe vs llama-server's own (C++) router.
+
+Starts, side by side, a standalone ``llama-server`` on a tiny GGUF (the child
+"directly"), ``troupe serve`` and ``llama-server --models-dir`` (the C++ router)
+on a directory holding that model, each router with its own child started with
+the same arguments. Each process is separate from this one, so the load
+generator never shares an event loop with a server. Then, for each scenario, it
+measures the three targets back to back (so a change in machine load hits all
+three alike) and prints:
+
+* small requests that are cheap for the child (``POST /tokenize``,
+  ``GET /slots?model=``) at concurrency 1 (latency) and N (throughput): req/s,
+  p50, p99, and CPU time per request of the proxy, the child and the client;
+* one long streamed ``/completion`` (SSE) through each: events/s and the proxy's
+  CPU time per event (what bounds its relay rate once the child is faster);
+* the ratios troupe/direct, C++ router/direct and troupe/C++ router.
+
+The load generator is ``wrk`` when it is on PATH, else a built-in epoll client;
+the direct figures use the same client, so the ratios compare like with like.
+
+    .venv/bin/python bench/proxy.py [--quick] [--fake] [--connections N] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import psutil
+
+from _util import (
+    HttpRequest,
+    LoadResult,
+    Proc,
+    SseResult,
+    http_json,
+    run_load,
+    run_wrk,
+    start_process,
+    stream_events,
+)
+from troupe.engine import find_engine
+from troupe.testing import TinyModel, write_fake_engine, write_tiny_models
+
+MODEL = TinyModel(name="bench-tiny", n_ctx=4096)
+CHILD_ARGS = ["--threads", "1", "--ctx-size", str(MODEL.n_ctx)]
+TARGETS = ("direct", "troupe", "C++ router")
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    proc: Proc
+    child: psutil.Process
+    proxy: psutil.Process | None  # None: the client talks to the child itself
+
+
+@dataclass(frozen=True)
+class Scenario:
+    label: str
+    request: HttpRequest
+    connections: int
+
+
+@dataclass
+class Figures:
+    load: LoadResult
+    proxy_cpu_s: float  # CPU seconds over the measured window
+    child_cpu_s: float
+    client_cpu_s: float
+
+    def per_request_us(self, cpu_s: float) -> float:
+        return cpu_s / self.load.requests * 1e6 if self.load.requests else float("nan")
+
+
+@dataclass
+class SseFigures:
+    result: SseResult
+    proxy_cpu_s: float
+    child_cpu_s: float
+
+
+@dataclass
+class Report:
+    scenarios: list[Scenario] = field(default_factory=list)
+    figures: dict[tuple[str, str], Figures] = field(default_factory=dict)  # (scenario, target)
+    sse: dict[str, SseFigures] = field(default_factory=dict)
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def _cpu(proc: psutil.Process | None) -> float:
+    if proc is None:
+        return 0.0
+    try:
+        t = proc.cpu_times()
+    except psutil.Error:
+        return float("nan")
+    return t.user + t.system
+
+
+def _client_cpu() -> float:
+    t = os.times()  # this process, plus waited-for children (wrk)
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _wait_answers(proc: Proc, url: str, body: object | None, timeout: float) -> None:
+    """Until ``url`` answers 200 (the model has loaded)."""
+    deadline = time.monotonic() + timeout
+    while not _answers(url, body):
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{proc.tail()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{proc.name}: not ready within {timeout:g} s:\n{proc.tail()}")
+        time.sleep(0.05)
+
+
+def _answers(url: str, body: object | None = None) -> bool:
+    try:
+        status, _ = http_json(url, body, timeout=60)
+    except OSError:
+        return False
+    return status == 200
+
+
+def _find_child(proc: Proc, model: Path) -> psutil.Process:
+    for candidate in proc.remember_descendants():
+        with contextlib.suppress(psutil.Error):
+            if str(model) in candidate.cmdline():
+                return candidate
+    raise RuntimeError(f"{proc.name}: no child serving {model} found")
+
+
+def start_targets(stack: contextlib.ExitStack, engine: Path, tmp: Path, fake: bool) -> list[Target]:
+    models_dir = tmp / "models"
+    (model,) = write_tiny_models(models_dir, [MODEL])
+    host = ["--host", "127.0.0.1", "--port", "0"]
+    env = dict(os.environ)
+    env.pop("LLAMA_SERVER_ROUTER_PORT", None)
+    commands: dict[str, list[str]] = {
+        "direct": [str(engine), "--model", str(model), *host, *CHILD_ARGS],
+        "troupe": [sys.executable, "-m", "troupe", "serve", "--engine", str(engine),
+                   "--state-dir", str(tmp / "state"), "--models-dir", str(models_dir),
+                   *host, *CHILD_ARGS],
+        "C++ router": [str(engine), "--models-dir", str(models_dir), *host, *CHILD_ARGS],
+    }  # fmt: skip
+    if fake:
+        del commands["C++ router"]  # it would start copies of itself, not the fake
+    procs: dict[str, Proc] = {}
+    for name, argv in commands.items():
+        procs[name] = proc = start_process(name, argv, tmp, env)
+        stack.callback(proc.stop, 15.0)
+    targets: list[Target] = []
+    probe = {"model": MODEL.name, "content": "hello"}
+    for name, proc in procs.items():
+        url = proc.wait_listening(60)
+        if name == "direct":
+            _wait_answers(proc, f"{url}/health", None, 60)
+            child, proxy = psutil.Process(proc.pid), None
+        else:  # the first request loads the model (autoload)
+            _wait_answers(proc, f"{url}/tokenize", probe, 60)
+            child, proxy = _find_child(proc, model), psutil.Process(proc.pid)
+        targets.append(Target(name, url, proc, child, proxy))
+    return targets
+
+
+# --- measuring -------------------------------------------------------------------------------
+
+
+def measure(
+    target: Target, scenario: Scenario, seconds: float, warmup: float, use_wrk: bool
+) -> Figures:
+    marks: list[tuple[float, float, float]] = []
+
+    def mark() -> None:
+        marks.append((_cpu(target.proxy), _cpu(target.child), _client_cpu()))
+
+    runner = run_wrk if use_wrk else run_load
+    load = runner(target.url, scenario.request, scenario.connections, seconds, warmup, mark)
+    mark()
+    (p0, c0, k0), (p1, c1, k1) = marks[0], marks[-1]
+    return Figures(load, p1 - p0, c1 - c0, k1 - k0)
+
+
+def measure_sse(target: Target, n_predict: int) -> SseFigures:
+    def completion(n: int) -> HttpRequest:
+        body = {"model": MODEL.name, "prompt": "hello", "n_predict": n, "stream": True,
+                "ignore_eos": True, "cache_prompt": False}  # fmt: skip
+        return HttpRequest("POST", "/completion", json.dumps(body).encode())
+
+    stream_events(target.url, completion(16))  # warm-up
+    p0, c0 = _cpu(target.proxy), _cpu(target.child)
+    result = stream_events(target.url, completion(n_predict))
+    return SseFigures(result, _cpu(target.proxy) - p0, _cpu(target.child) - c0)
+
+
+def scenarios(connections: int) -> list[Scenario]:
+    tokenize = json.dumps({"model": MODEL.name, "content": "hello world"}).encode()
+    post = HttpRequest("POST", "/tokenize", tokenize)
+    get = HttpRequest("GET", f"/slots?model={MODEL.name}")
+    return [
+        Scenario("POST /tokenize c=1", post, 1),
+        Scenario(f"POST /tokenize c={connections}", post, connections),
+        Scenario("GET /slots?model= c=1", get, 1),
+        Scenario(f"GET /slots?model= c={connections}", get, connections),
+    ]
+
+
+# --- output ----------------------------------------------------------------------------------
+
+PAIRS = (("troupe", "direct"), ("C++ router", "direct"), ("troupe", "C++ router"))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def _ratio(a: float, b: float) -> str:
+    if math.isnan(a) or math.isnan(b) or b <= 0:
+        return "n/a"
+    return f"{a / b:.2f}x"
+
+
+def _us(cpu_s: float, count: int) -> str:
+    return f"{cpu_s / count * 1e6:.0f}" if count else "n/a"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> None:
+    """Left-aligned first two columns, right-aligned numbers."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for n, row in enumerate([header, *rows]):
+        cells = [
+            c.ljust(w) if i < 2 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip())
+        if n == 0:
+            print("-" * (sum(widths) + 2 * (len(widths) - 1)))
+
+
+def print_report(report: Report, targets: list[str]) -> None:
+    print(
+        "\nsmall requests (latency from the request's first byte, or its connect, to its last byte)"
+    )
+    rows: list[list[str]] = []
+    for sc in report.scenarios:
+        base = report.figures[(sc.label, "direct")].load
+        for i, name in enumerate(targets):
+            f = report.figures[(sc.label, name)]
+            n = f.load.requests
+            direct = name == "direct"
+            rows.append([
+                "" if i else sc.label,
+                name,
+                f"{f.load.rps:.0f}",
+                _ms(f.load.p50_s),
+                _ms(f.load.p99_s),
+                "" if direct else "+" + _ms(f.load.p50_s - base.p50_s),
+                "" if direct else "+" + _ms(f.load.p99_s - base.p99_s),
+                "-" if direct else _us(f.proxy_cpu_s, n),
+                _us(f.child_cpu_s, n),
+                _us(f.client_cpu_s, n),
+                str(f.load.errors),
+            ])  # fmt: skip
+    _table(rows, ["scenario", "target", "req/s", "p50 ms", "p99 ms", "added p50", "added p99",
+                  "proxy CPU us/req", "child", "client", "errors"])  # fmt: skip
+
+    if report.sse:
+        print("\none long streamed /completion (SSE); events/s from the first byte to the end")
+        rows = []
+        for name in targets:
+            s = report.sse[name]
+            n = s.result.events
+            rows.append([
+                "", name, str(n), f"{s.result.events_per_s:.0f}", _ms(s.result.first_event_s),
+                "-" if name == "direct" else f"{s.proxy_cpu_s / max(1, n) * 1e6:.1f}",
+                f"{s.child_cpu_s / max(1, n) * 1e6:.1f}",
+            ])  # fmt: skip
+        _table(rows, ["", "target", "events", "events/s", "first ms",
+                      "proxy CPU us/event", "child"])  # fmt: skip
+
+    pairs = [(a, b) for a, b in PAIRS if a in targets and b in targets]
+    print("\nratios (req/s and events/s: higher is better; latency and CPU: lower is better)")
+    rows = []
+
+    def ratio_row(label: str, what: str, value: dict[str, float]) -> None:
+        rows.append([label, what, *(_ratio(value[a], value[b]) for a, b in pairs)])
+
+    for sc in report.scenarios:
+        fig = {name: report.figures[(sc.label, name)] for name in targets}
+        ratio_row(sc.label, "req/s", {t: f.load.rps for t, f in fig.items()})
+        ratio_row("", "p50", {t: f.load.p50_s for t, f in fig.items()})
+        ratio_row("", "p99", {t: f.load.p99_s for t, f in fig.items()})
+        if "C++ router" in targets and "troupe" in targets:
+            rows.append(["", "proxy CPU/req", "", "",
+                         _ratio(fig["troupe"].proxy_cpu_s / max(1, fig["troupe"].load.requests),
+                                fig["C++ router"].proxy_cpu_s
+                                / max(1, fig["C++ router"].load.requests))])  # fmt: skip
+    if report.sse:
+        sse = report.sse
+        ratio_row("SSE stream", "events/s", {t: sse[t].result.events_per_s for t in targets})
+        if "C++ router" in targets and "troupe" in targets:
+            per_event = {t: sse[t].proxy_cpu_s / max(1, sse[t].result.events) for t in targets}
+            rows.append(["", "proxy CPU/event", "", "",
+                         _ratio(per_event["troupe"], per_event["C++ router"])])  # fmt: skip
+    _table(rows, ["", "", *(f"{a}/{b}" for a, b in pairs)])
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _signals_as_exit() -> Iterator[None]:
+    """SIGTERM/SIGHUP end the bench like Ctrl-C does: through the cleanup."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2 s per measurement (default 5 s)")
+    ap.add_argument("--fake", action="store_true", help="the fake engine (no C++ router then)")
+    ap.add_argument("--seconds", type=float, help="measured seconds per scenario and target")
+    ap.add_argument("--warmup", type=float, help="seconds of warm-up before each measurement")
+    ap.add_argument("--connections", type=int, default=32, help="concurrency for throughput")
+    ap.add_argument("--n-predict", type=int, help="tokens in the SSE stream (default 4000)")
+    ap.add_argument("--engine", help="llama-server binary (default: troupe's find_engine)")
+    ap.add_argument("--no-wrk", action="store_true", help="built-in client even if wrk is there")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
+    return ap.parse_args()
+
+
+def _progress(text: str, end: str = "") -> None:
+    print(text, end=end, flush=True, file=sys.stderr)
+
+
+def run(args: argparse.Namespace, engine: Path, tmp: Path, report: Report) -> list[str]:
+    """Start the targets, measure everything, stop every process (also on error or Ctrl-C)."""
+    seconds = args.seconds or (2.0 if args.quick else 5.0)
+    warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 1.0)
+    n_predict = min(args.n_predict or (2000 if args.quick else 4000), MODEL.n_ctx - 8)
+    use_wrk = shutil.which("wrk") is not None and not args.no_wrk
+    client = f"wrk ({shutil.which('wrk')})" if use_wrk else "built-in epoll client (Python)"
+    print(f"client:  {client}, {args.connections} connections for throughput")
+    print(f"timing:  {warmup:g} s warm-up + {seconds:g} s measured per scenario and target")
+    print(f"SSE:     one /completion stream of n_predict={n_predict} per target")
+    with _signals_as_exit(), contextlib.ExitStack() as stack:
+        # Registered first, so it runs last: a second Ctrl-C must not cut the cleanup short.
+        stack.callback(signal.signal, signal.SIGINT, signal.default_int_handler)
+        stack.callback(signal.signal, signal.SIGINT, signal.SIG_IGN)
+        targets = start_targets(stack, engine, tmp, args.fake)
+        for sc in report.scenarios:
+            for t in targets:
+                _progress(f"  {sc.label:<28} {t.name:<11}")
+                f = measure(t, sc, seconds, warmup, use_wrk)
+                _progress(f" {f.load.rps:8.0f} req/s", "\n")
+                report.figures[(sc.label, t.name)] = f
+        for t in targets:
+            _progress(f"  {'SSE stream':<28} {t.name:<11}")
+            s = measure_sse(t, n_predict)
+            _progress(f" {s.result.events_per_s:8.0f} events/s", "\n")
+            report.sse[t.name] = s
+    return [t.name for t in targets]
+
+
+def main() -> int:
+    args = _parse_args()
+    load = os.getloadavg()
+    tmp = Path(tempfile.mkdtemp(prefix="troupe-bench-proxy-"))
+    engine = write_fake_engine(tmp) if args.fake else find_engine(args.engine)[0]
+    print(f"engine:  {engine}{' (fake)' if args.fake else ''}")
+    print(f"model:   {MODEL.name} (tiny llama GGUF, n_ctx {MODEL.n_ctx})")
+    print(f"child:   {' '.join(CHILD_ARGS)} (direct child and both routers alike)")
+    print(f"machine: {os.cpu_count()} CPUs, load average at start {_loadavg(load)}")
+    report = Report(scenarios=scenarios(args.connections))
+    ok = False
+    try:
+        names = run(args, engine, tmp, report)
+        ok = True
+    except KeyboardInterrupt:
+        print("\ninterrupted; every process the bench started is stopped", file=sys.stderr)
+        return 130
+    finally:
+        if args.keep or not ok:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print_report(report, names)
+    print(f"\nload average at end: {_loadavg(os.getloadavg())}")
+    return 0
+
+
+def _loadavg(load: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.2f}" for x in load)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

