@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from troupe.catalog import Catalog, ModelEntry, build_catalog
+from troupe.cli import prepare_router
 from troupe.engine import find_engine, probe_engine
 from troupe.errors import ConfigError, EngineNotFound, UsageError
 from troupe.gguf import GGUFError, read_model_facts, shard_paths
@@ -103,11 +104,12 @@ def _host_lines(devices: DeviceList, host: HostFacts) -> list[str]:
     if not report.gpus:
         lines.append(f"  GPUs     none ({report.absent_reason or 'NVML sees no GPU'})")
     for g in report.gpus:
-        cc = f", compute {g.compute_capability[0]}.{g.compute_capability[1]}"
+        cc = g.compute_capability
+        compute = f", compute {cc[0]}.{cc[1]}" if cc else ""
         procs = "?" if g.processes is None else str(len(g.processes))
         lines.append(
             f"  GPU {g.index}    {g.name}, {format_bytes(g.total)} total, "
-            f"{format_bytes(g.free)} free{cc if g.compute_capability else ''}"
+            f"{format_bytes(g.free)} free{compute}"
         )
         lines.append(f"           uuid {g.uuid}, PCI {g.pci_bus_id}, {procs} compute processes")
     if report.gpus:
@@ -198,9 +200,6 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def _catalog(build: EngineBuild, rest: list[str]) -> Catalog:
-    # imported here: troupe.cli imports this module for its `doctor` branch
-    from troupe.cli import prepare_router  # noqa: PLC0415
-
     prepared = prepare_router(["--engine", str(build.path), *rest])
     if isinstance(prepared, list):
         raise UsageError("doctor reports on a router's catalogue: leave out -m/--model, -hf, -mu")

@@ -1,0 +1,236 @@
+"""The scheduler core's state and the small operations every event handler shares.
+
+`SchedulerCore` (core.py) is built in three layers, one module each: this state, the
+settling rules (settle.py: who waits, who loads, who is evicted), and the events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from troupe.sched.effects import Effect, Emit, Failure, Grant, Reply, Spawn, Stop
+from troupe.sched.queue import AdmissionQueue
+from troupe.sched.status import Status
+from troupe.sched.table import ModelConfig, ModelState, ModelView, Snapshot
+
+__all__ = ["CoreBase", "DirectLoad", "Lease", "Waiter"]
+
+FAKE_TIMING_DELAY = 2.0  # LLAMA_SERVER_DEBUG_FAKE_TIMING: seconds before each load
+DEFAULT_LOAD_SECONDS = 10.0  # a load never measured yet, for Retry-After
+EVICTION_REASONS = ("lru for ", "ttl", "memory")  # stops the scheduler decided on its own
+
+
+@attrs.define
+class Waiter:
+    model: str
+    update_last_used: bool
+    queued: bool = False
+    did_load: bool = False  # this waiter's claim spawned the model
+    saw_loading: bool = False
+
+
+@attrs.define
+class Lease:
+    model: str
+    gen: int
+
+
+@attrs.define
+class DirectLoad:
+    """A ``POST /models/load`` waiting for the LRU victim it stopped to be gone."""
+
+    model: str
+    victim: str | None
+
+
+class CoreBase:
+    """State of the scheduler core; mutated only by its own event methods."""
+
+    def __init__(
+        self,
+        models: Iterable[ModelConfig],
+        models_max: int,
+        *,
+        fake_timing: bool = False,
+        crash_limit: int = 3,
+        crash_window: float = 60.0,
+        queue_max: int = 0,
+    ) -> None:
+        self.models_max = models_max
+        self.queue_max = queue_max  # 0: no limit on waiting requests
+        self.fake_timing = fake_timing
+        self.crash_limit = crash_limit
+        self.crash_window = crash_window
+        self._models: dict[str, ModelState] = {c.name: ModelState(c) for c in models}
+        self._queue = AdmissionQueue()
+        self._waiters: dict[int, Waiter] = {}
+        self._leases: dict[int, Lease] = {}
+        self._direct: dict[int, DirectLoad] = {}
+        self._stop_all: list[int] = []
+        self._closing = False
+        self._reloading = False  # loads wait while the catalogue is swapped (§6.9)
+        self._out: list[Effect] = []
+        self._version = 0
+        self._queue_seen: dict[str, tuple[int, int]] = {}  # model -> (waiters, position)
+
+    # ----- reading ------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        waiting = {e.model: e.waiters for e in self._queue.entries}
+        views = {
+            name: ModelView(
+                name=name,
+                status=m.status,
+                port=m.port,
+                pid=m.pid,
+                exit_code=m.exit_code,
+                failed=m.failed,
+                stopping=m.stopping,
+                progress=m.progress,
+                loaded_info=m.loaded_info,
+                in_flight=m.in_flight,
+                waiting=waiting.get(name, 0),
+                queue_position=self._queue.position(name),
+                last_used=m.last_used,
+                last_load_seconds=m.last_load_seconds,
+                last_eviction=m.last_eviction,
+                last_error=m.last_error,
+                held_until=m.held_until,
+                pin=m.config.pin,
+                ttl=m.config.ttl,
+            )
+            for name, m in sorted(self._models.items())
+        }
+        queue = tuple((e.model, e.waiters) for e in self._queue.entries)
+        self._version += 1
+        return Snapshot(
+            version=self._version, models=views, models_max=self.models_max, queue=queue
+        )
+
+    def running_count(self) -> int:
+        return sum(1 for m in self._models.values() if m.is_running)
+
+    # ----- internals ----------------------------------------------------------------------
+
+    def _flush(self) -> list[Effect]:
+        self._emit_queue_changes()
+        out, self._out = self._out, []
+        return out
+
+    def _emit_queue_changes(self) -> None:
+        """A ``troupe_queue`` event for each entry whose waiters or position changed."""
+        now_seen = {e.model: (e.waiters, i + 1) for i, e in enumerate(self._queue.entries)}
+        for model in sorted(now_seen.keys() | self._queue_seen.keys()):
+            state = now_seen.get(model)
+            if state != self._queue_seen.get(model):
+                waiters, position = state if state is not None else (0, None)
+                self._emit(model, "troupe_queue", {"waiting": waiters, "position": position})
+        self._queue_seen = now_seen
+
+    def _queue_full(self, model: str) -> Failure:
+        """503 with a Retry-After from the measured load times of the models ahead."""
+        ahead = [e.model for e in self._queue.entries]
+        if model not in ahead:
+            ahead.append(model)
+        seconds = 0.0
+        for name in ahead:
+            m = self._models.get(name)
+            load = m.last_load_seconds if m is not None else None
+            seconds += load if load is not None else DEFAULT_LOAD_SECONDS
+        message = (
+            f"too many requests waiting for models ({len(self._waiters)}, --queue-max "
+            f"{self.queue_max}); retry in {max(1, round(seconds))} s"
+        )
+        return Failure(503, message, "unavailable_error", retry_after=max(1.0, seconds))
+
+    def _reply(self, rid: int, result: Grant | Failure | None) -> None:
+        self._out.append(Reply(rid, result))
+
+    def _emit(self, model: str, event: str, data: dict[str, Any] | None = None) -> None:
+        self._out.append(Emit(model, event, data))
+
+    def _current(self, model: str, gen: int) -> ModelState | None:
+        """The model if ``gen`` is its current child; events from older children are stale."""
+        m = self._models.get(model)
+        return m if m is not None and m.gen == gen else None
+
+    def _has_capacity(self) -> bool:
+        # A pending spawn counts: two claims must never share one slot.
+        return self.models_max <= 0 or self.running_count() < self.models_max
+
+    def _grant(
+        self, rid: int, m: ModelState, update_last_used: bool, now: float, *, waited: bool
+    ) -> None:
+        if update_last_used:
+            m.last_used = now
+        m.in_flight += 1
+        self._leases[rid] = Lease(m.config.name, m.gen)
+        self._reply(rid, Grant(m.config.name, m.port, m.gen, waited))
+
+    def _spawn(self, m: ModelState, now: float, delay: float) -> None:
+        m.gen += 1
+        m.spawn_pending = True
+        m.exit_code = 0
+        m.last_eviction = None
+        m.port = m.pid = 0
+        if delay <= 0:
+            # Upstream's load() sets "loading" as it spawns: a GET /models or an unload
+            # right after a successful POST /models/load must see a running model.
+            self._mark_loading(m, now)
+        self._out.append(Spawn(m.config.name, m.gen, delay))
+
+    def _mark_loading(self, m: ModelState, now: float) -> None:
+        m.status = Status.LOADING
+        m.loaded_info = None
+        m.progress = None
+        m.last_used = now
+        m.load_started = now
+        self._emit(m.config.name, "model_status", {"status": "loading"})
+
+    def _request_stop(self, m: ModelState, reason: str) -> None:
+        """Idempotent: a model already stopping is left alone (§6.5)."""
+        if m.stopping or not m.is_running:
+            return
+        m.stopping = True
+        m.last_eviction = reason
+        if reason.startswith(EVICTION_REASONS):
+            self._emit(m.config.name, "troupe_evict", {"reason": reason})
+        # A model still loading has no request to finish: it is killed at once.
+        kill = m.status is Status.LOADING or m.spawn_pending
+        self._out.append(Stop(m.config.name, m.gen, kill=kill, reason=reason))
+
+    def _ttl_candidate(self, m: ModelState) -> bool:
+        return (
+            m.status.is_ready_or_sleeping
+            and m.in_flight == 0
+            and not m.stopping
+            and self._queue.find(m.config.name) is None
+        )
+
+    def _record_crash(self, m: ModelState, now: float) -> None:
+        m.crashes.append(now)
+        while m.crashes and m.crashes[0] <= now - self.crash_window:
+            m.crashes.popleft()
+        if self.crash_limit > 0 and len(m.crashes) >= self.crash_limit:
+            m.held_until = m.crashes[-self.crash_limit] + self.crash_window
+
+    def _held_back(self, m: ModelState, now: float) -> bool:
+        if m.held_until is None:
+            return False
+        if now >= m.held_until:
+            m.held_until = None
+            return False
+        return m.status is Status.UNLOADED
+
+    def _held_message(self, m: ModelState, now: float) -> str:
+        assert m.held_until is not None
+        left = max(1, round(m.held_until - now))
+        return (
+            f"model name={m.config.name} crashed {len(m.crashes)} times in "
+            f"{self.crash_window:g} s and is held back for {left} s more "
+            "(POST /models/load retries it now)"
+            + (f"; last error: {m.last_error}" if m.last_error else "")
+        )
