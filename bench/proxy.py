@@ -280,7 +280,7 @@ def print_report(report: Report, targets: list[str]) -> None:
                   "proxy CPU us/req", "child", "client", "errors"])  # fmt: skip
 
     if report.sse:
-        print("\none long streamed /completion (SSE); events/s from the first byte to the end")
+        print("\none long streamed /completion (SSE); events/s over the whole request")
         rows = []
         for name in targets:
             s = report.sse[name]

@@ -13,6 +13,7 @@ import attrs
 import trio
 
 from troupe.sched.effects import Failure, Grant
+from troupe.sched.memory import MemorySample
 from troupe.sched.table import ModelConfig
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "Exited",
     "FinishReload",
     "LoadModel",
+    "MemorySampled",
     "Message",
     "Release",
     "ReplyChannel",
@@ -86,6 +88,12 @@ class FinishReload:
 
 
 @attrs.frozen
+class MemorySampled:
+    sample: MemorySample
+    version: int
+
+
+@attrs.frozen
 class Spawned:
     model: str
     gen: int
@@ -108,6 +116,7 @@ class Exited:
     code: int  # upstream's view: a signal death is 1
     expected: bool  # troupe asked it to stop
     detail: str | None  # why, with the last stderr lines, for an unexpected or failed exit
+    oom: bool = False  # its log said it ran out of memory
 
 
 Message = (
@@ -118,6 +127,7 @@ Message = (
     | StopAll
     | BeginReload
     | FinishReload
+    | MemorySampled
     | Spawned
     | ChildState
     | Exited

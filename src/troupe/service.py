@@ -50,14 +50,17 @@ async def _main(settings: RouterSettings, engine: Engine, table: OptionTable) ->
     ledger = PidLedger(state_dir)
     try:
         ctx = build_context(settings, engine, table, ledger)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as root:
-                await root.start(serve_router, ctx)
-                sig = await _first_signal(signals)
-                log.info("%s: shutting down", signal.Signals(sig).name)
-                root.start_soon(_second_signal_exits, signals, ctx.scheduler)
-                await shutdown(ctx)
-                root.cancel_scope.cancel()
+        try:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async with trio.open_nursery() as root:
+                    await root.start(serve_router, ctx)
+                    sig = await _first_signal(signals)
+                    log.info("%s: shutting down", signal.Signals(sig).name)
+                    root.start_soon(_second_signal_exits, signals, ctx.scheduler)
+                    await shutdown(ctx)
+                    root.cancel_scope.cancel()
+        finally:
+            ctx.close()
     finally:
         ledger.close()
     return 0

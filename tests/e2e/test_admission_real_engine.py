@@ -27,7 +27,12 @@ CHILD_ARGS = ("--ctx-size", "256", "--parallel", "2")
 
 @asynccontextmanager
 async def router_for(
-    engine: Path, models: Path, tmp_path: Path, *args: str, fake_timing: bool = True, preset: str | None = None
+    engine: Path,
+    models: Path,
+    tmp_path: Path,
+    *args: str,
+    fake_timing: bool = True,
+    preset: str | None = None,
 ) -> AsyncIterator[RunningRouter]:
     env = dict(os.environ)
     if fake_timing:
@@ -52,8 +57,13 @@ def waiting(model: str, n: int = 1) -> object:
     return lambda s: model in s.models and s.models[model].waiting >= n
 
 
-async def test_b_waits_while_a_serves_and_both_succeed(engine_path: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
-    async with router_for(engine_path, tiny_model_dir, tmp_path, "--models-max", "1") as router, router.client() as http:
+async def test_b_waits_while_a_serves_and_both_succeed(
+    engine_path: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    async with (
+        router_for(engine_path, tiny_model_dir, tmp_path, "--models-max", "1") as router,
+        router.client() as http,
+    ):
         sched = router.ctx.scheduler
         await sched.load("tiny-a")
         await router.wait_for_status("tiny-a", Status.LOADED)
@@ -82,9 +92,12 @@ async def test_b_waits_while_a_serves_and_both_succeed(engine_path: Path, tiny_m
 async def test_three_requests_for_a_missing_model_one_load_one_eviction(
     engine_path: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    async with router_for(
-        engine_path, tiny_model_dir, tmp_path, "--models-max", "1", fake_timing=False
-    ) as router, router.client() as http:
+    async with (
+        router_for(
+            engine_path, tiny_model_dir, tmp_path, "--models-max", "1", fake_timing=False
+        ) as router,
+        router.client() as http,
+    ):
         sched = router.ctx.scheduler
         await sched.load("tiny-a")
         await router.wait_for_status("tiny-a", Status.LOADED)
@@ -109,7 +122,10 @@ async def test_three_requests_for_a_missing_model_one_load_one_eviction(
 async def test_a_queued_client_that_gives_up_costs_no_model_its_place(
     engine_path: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    async with router_for(engine_path, tiny_model_dir, tmp_path, "--models-max", "1") as router, router.client() as http:
+    async with (
+        router_for(engine_path, tiny_model_dir, tmp_path, "--models-max", "1") as router,
+        router.client() as http,
+    ):
         sched = router.ctx.scheduler
         await sched.load("tiny-a")
         await router.wait_for_status("tiny-a", Status.LOADED)
@@ -132,7 +148,10 @@ async def test_a_queued_client_that_gives_up_costs_no_model_its_place(
 async def test_two_models_queued_behind_a_busy_one_load_in_arrival_order(
     engine_path: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    async with router_for(engine_path, tiny_model_dir, tmp_path, "--models-max", "1") as router, router.client() as http:
+    async with (
+        router_for(engine_path, tiny_model_dir, tmp_path, "--models-max", "1") as router,
+        router.client() as http,
+    ):
         sched = router.ctx.scheduler
         await sched.load("tiny-a")
         await router.wait_for_status("tiny-a", Status.LOADED)
@@ -162,9 +181,12 @@ async def test_two_models_queued_behind_a_busy_one_load_in_arrival_order(
 async def test_two_waiters_for_the_same_idle_model_are_both_served(
     engine_path: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    async with router_for(
-        engine_path, tiny_model_dir, tmp_path, "--models-max", "1", fake_timing=False
-    ) as router, router.client() as http:
+    async with (
+        router_for(
+            engine_path, tiny_model_dir, tmp_path, "--models-max", "1", fake_timing=False
+        ) as router,
+        router.client() as http,
+    ):
         await router.ctx.scheduler.load("tiny-a")
         await router.wait_for_status("tiny-a", Status.LOADED)
         results: list[tuple[str, int]] = []
@@ -175,12 +197,23 @@ async def test_two_waiters_for_the_same_idle_model_are_both_served(
         assert router.snapshot.models["tiny-a"].last_eviction is None
 
 
-async def test_a_pinned_model_survives_pressure(engine_path: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_a_pinned_model_survives_pressure(
+    engine_path: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     preset = tmp_path / "pins.ini"
     preset.write_text("[tiny-a]\npin = true\n")
-    async with router_for(
-        engine_path, tiny_model_dir, tmp_path, "--models-max", "2", fake_timing=False, preset=str(preset)
-    ) as router, router.client() as http:
+    async with (
+        router_for(
+            engine_path,
+            tiny_model_dir,
+            tmp_path,
+            "--models-max",
+            "2",
+            fake_timing=False,
+            preset=str(preset),
+        ) as router,
+        router.client() as http,
+    ):
         results: list[tuple[str, int]] = []
         await complete(http, "tiny-a", results)  # least recently used, but pinned
         await complete(http, "tiny-b", results)
@@ -196,7 +229,10 @@ async def test_ttl_unloads_an_idle_model_but_never_during_a_request(
 ) -> None:
     preset = tmp_path / "ttl.ini"
     preset.write_text("[tiny-a]\nttl = 1\n")
-    async with router_for(engine_path, tiny_model_dir, tmp_path, preset=str(preset)) as router, router.client() as http:
+    async with (
+        router_for(engine_path, tiny_model_dir, tmp_path, preset=str(preset)) as router,
+        router.client() as http,
+    ):
         # With fake timing each request is held busy for 2 s: longer than the TTL.
         results: list[tuple[str, int]] = []
         async with trio.open_nursery() as nursery:

@@ -19,7 +19,9 @@ async def test_queue_max_answers_503_with_retry_after(fake_router: RouterFactory
                 results.append(await http.post("/completion", json={"model": "a", "prompt": "x"}))
 
             nursery.start_soon(first)
-            await router.ctx.scheduler.wait_until(lambda s: len(s.queue) == 1 or s.models["a"].waiting == 1)
+            await router.ctx.scheduler.wait_until(
+                lambda s: len(s.queue) == 1 or s.models["a"].waiting == 1
+            )
             resp = await http.post("/completion", json={"model": "b", "prompt": "x"})
             assert resp.status_code == 503
             assert resp.json()["error"]["type"] == "unavailable_error"
@@ -40,7 +42,10 @@ async def test_queue_timeout_bounds_the_wait(fake_router: RouterFactory) -> None
 
 
 async def test_queue_and_eviction_events(fake_router: RouterFactory) -> None:
-    async with fake_router({"a": {}, "b": {}}, "--models-max", "1") as router, router.client() as http:
+    async with (
+        fake_router({"a": {}, "b": {}}, "--models-max", "1") as router,
+        router.client() as http,
+    ):
         with router.ctx.scheduler.subscribe() as events:
             await http.post("/completion", json={"model": "a", "prompt": "x"})
             await http.post("/completion", json={"model": "b", "prompt": "x"})

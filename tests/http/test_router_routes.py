@@ -180,7 +180,9 @@ async def test_models_sse_reports_load_and_unload(fake_router: RouterFactory) ->
                     assert resp.headers["content-type"].startswith("text/event-stream")
                     async for line in resp.aiter_lines():
                         if line.startswith("data: "):
-                            events.append(json.loads(line[6:]))
+                            event = json.loads(line[6:])
+                            if not event["event"].startswith("troupe_"):
+                                events.append(event)
                             if events[-1].get("data") == {"status": "unloaded", "exit_code": 0}:
                                 nursery.cancel_scope.cancel()
 

@@ -98,8 +98,16 @@ class Instance:
                 if self.pid is not None and self._ledger is not None:
                     self._ledger.remove(self.pid)
             with trio.CancelScope(shield=True):
+                oom = self.failure is not None and self.failure[0] is LogKind.OOM
                 await self._outbox.send(
-                    Exited(self.model, self.gen, code, expected=self._stop.is_set(), detail=detail)
+                    Exited(
+                        self.model,
+                        self.gen,
+                        code,
+                        expected=self._stop.is_set(),
+                        detail=detail,
+                        oom=oom,
+                    )
                 )
 
     async def _run(self, delay: float) -> tuple[int, str | None]:

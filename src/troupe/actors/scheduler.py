@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Protocol
 
@@ -18,6 +18,7 @@ import trio
 
 from troupe.actors.events import EventBus
 from troupe.actors.instance import Instance, LaunchSpec
+from troupe.actors.memory import MemorySampler
 from troupe.child.ledger import PidLedger
 from troupe.messages import (
     Acquire,
@@ -26,6 +27,7 @@ from troupe.messages import (
     Exited,
     FinishReload,
     LoadModel,
+    MemorySampled,
     Message,
     Release,
     ReplyChannel,
@@ -40,6 +42,7 @@ from troupe.sched import (
     Grant,
     ModelConfig,
     Reply,
+    SampleMemory,
     SchedulerCore,
     Snapshot,
     Spawn,
@@ -55,6 +58,9 @@ class Launcher(Protocol):
     """Where the scheduler gets a model's command line (the catalogue)."""
 
     def launch_spec(self, model: str) -> LaunchSpec: ...
+
+    def remember_memory(self, model: str, used: Mapping[str, int]) -> None:
+        """What ``model`` was seen to hold once up (kept for the next estimate)."""
 
 
 class ModelUnavailable(Exception):
@@ -73,6 +79,7 @@ class Scheduler:
         bus: EventBus | None = None,
         ledger: PidLedger | None = None,
         inbox_size: int = 1024,
+        sampler: MemorySampler | None = None,
     ) -> None:
         self._core = core
         self._launcher = launcher
@@ -85,6 +92,8 @@ class Scheduler:
         self._nursery: trio.Nursery | None = None
         self._snapshot = core.snapshot()
         self._watchers: list[tuple[Callable[[Snapshot], bool], trio.Event]] = []
+        self._sampler = sampler
+        self._remembered: dict[str, Mapping[str, int]] = {}
 
     # ----- reading -------------------------------------------------------------------
 
@@ -239,8 +248,18 @@ class Scheduler:
                 if inst is not None and inst.gen == msg.gen:
                     del self._instances[msg.model]
                 return core.exited(
-                    msg.model, msg.gen, msg.code, now, expected=msg.expected, detail=msg.detail
+                    msg.model,
+                    msg.gen,
+                    msg.code,
+                    now,
+                    expected=msg.expected,
+                    detail=msg.detail,
+                    oom=msg.oom,
                 )
+            case MemorySampled():
+                effects = core.memory_sampled(msg.sample, msg.version, now)
+                self._remember_memory()
+                return effects
         raise AssertionError(f"unknown message {msg!r}")
 
     def _apply(self, effects: list[Effect], now: float) -> None:
@@ -257,7 +276,12 @@ class Scheduler:
                         inst.stop(kill=effect.kill)
                 case Reply():
                     work += self._reply(effect, now)
+                case SampleMemory():
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._sample_memory, effect)
                 case Emit():
+                    if effect.event in ("troupe_evict", "troupe_memory"):
+                        log.info("%s: %s %s", effect.model, effect.event, effect.data)
                     event: dict[str, Any] = {"model": effect.model, "event": effect.event}
                     if effect.data is not None:
                         event["data"] = effect.data
@@ -290,6 +314,25 @@ class Scheduler:
         finally:
             channel.close()
         return []
+
+    async def _sample_memory(self, effect: SampleMemory) -> None:
+        if self._sampler is None:
+            return
+        try:
+            sample = await self._sampler.asample(effect.pids)
+        except Exception:  # a broken reading must not take the scheduler down
+            log.exception("memory sampling failed")
+            return
+        await self._send.send(MemorySampled(sample, effect.version))
+
+    def _remember_memory(self) -> None:
+        ledger = self._core.memory
+        if ledger is None:
+            return
+        for model, used in ledger.effective.items():
+            if self._remembered.get(model) != used:
+                self._remembered[model] = dict(used)
+                self._launcher.remember_memory(model, used)
 
     def _publish(self) -> None:
         self._snapshot = self._core.snapshot()

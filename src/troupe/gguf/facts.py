@@ -49,6 +49,7 @@ class ModelFacts:
     size_label: str | None
     context_length: int | None
     embedding_length: int | None
+    feed_forward_length: int | None  # the largest, when it is given per layer
     block_count: int | None
     head_count: IntOrPerLayer | None
     head_count_kv: IntOrPerLayer | None  # defaults to head_count, as llama.cpp
@@ -156,6 +157,7 @@ def model_facts(header: GGUFHeader, shards: Sequence[GGUFHeader] = ()) -> ModelF
         size_label=h.get_str("general.size_label"),
         context_length=h.get_int(f"{arch}.context_length"),
         embedding_length=h.get_int(f"{arch}.embedding_length"),
+        feed_forward_length=_largest(h.get(f"{arch}.feed_forward_length")),
         block_count=block_count,
         head_count=head_count,
         head_count_kv=head_count if head_count_kv is None else head_count_kv,
@@ -215,3 +217,15 @@ def read_model_facts(path: str | os.PathLike[str]) -> ModelFacts:
     ]
     first = next((h for h in headers if (h.get_int("split.no") or 0) == 0), given)
     return model_facts(first, [h for h in headers if h is not first])
+
+
+def _largest(value: object) -> int | None:
+    """An int, or the largest of a per-layer list of ints; None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, list | tuple):
+        ints = [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+        return max(ints) if ints else None
+    return None

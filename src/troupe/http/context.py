@@ -2,42 +2,42 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import trio
 
 from troupe.actors.instance import LaunchSpec
+from troupe.actors.memory import MemorySampler, ObservedStore, gpu_name
 from troupe.actors.scheduler import ModelUnavailable, Scheduler
 from troupe.catalog import Catalog, ModelEntry, build_catalog, check_startup, needs_restart
 from troupe.catalog.facts import FactsCache
-from troupe.child.ledger import PidLedger
+from troupe.catalog.memory import model_need
+from troupe.child.ledger import PidLedger, default_state_dir
 from troupe.engine import Engine
 from troupe.errors import ConfigError, TroupeError
 from troupe.gguf import ModelFacts
+from troupe.hardware.devices import DeviceReader
 from troupe.http.conversations import ConversationTracker
 from troupe.proxy.relay import Relay
 from troupe.sched import Failure, ModelConfig, SchedulerCore, Status
+from troupe.sched.memory import MemoryLedger
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
 
-__all__ = ["RouterContext", "build_context", "model_configs"]
+__all__ = ["RouterContext", "build_context", "fingerprint"]
 
 log = logging.getLogger("troupe.router")
 
 FAKE_TIMING_ENV = "LLAMA_SERVER_DEBUG_FAKE_TIMING"
 
 
-def model_configs(catalog: Catalog) -> list[ModelConfig]:
-    return [
-        ModelConfig(
-            name=e.name,
-            pin=e.pin,
-            ttl=float(e.ttl) if e.ttl else None,  # ttl = 0: never
-        )
-        for e in catalog
-    ]
+def fingerprint(args: list[str]) -> str:
+    """Identity of a command line: memory seen under one does not hold for another."""
+    return hashlib.sha256("\0".join(args).encode()).hexdigest()[:16]
 
 
 class RouterContext:
@@ -52,6 +52,7 @@ class RouterContext:
         ledger: PidLedger | None,
         environ: dict[str, str],
         facts: FactsCache | None = None,
+        use_nvml: bool = True,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -60,13 +61,22 @@ class RouterContext:
         self.environ = environ
         self.facts = facts or FactsCache()
         self.fake_timing = bool(environ.get(FAKE_TIMING_ENV))
+        # Memory admission: devices read once for the estimates' layout, then sampled
+        # whenever the scheduler needs a fresh reading.
+        self._reader = DeviceReader("auto" if use_nvml else None)
+        self.gpus = tuple(gpu_name(g.index) for g in self._reader.read().gpus)
+        state_dir = settings.state_dir or default_state_dir()
+        self.observed = ObservedStore(state_dir / "observed-memory.json")
+        margin = settings.memory_margin_bytes
         core = SchedulerCore(
-            model_configs(catalog),
+            self.model_configs(catalog),
             settings.models_max,
             fake_timing=self.fake_timing,
             queue_max=settings.queue_max,
+            memory=MemoryLedger(margin) if margin is not None else None,
         )
-        self.scheduler = Scheduler(core, self, ledger=ledger)
+        sampler = MemorySampler(self._reader) if margin is not None else None
+        self.scheduler = Scheduler(core, self, ledger=ledger, sampler=sampler)
         self.relay = Relay(float(settings.timeout))
         self.conversations = ConversationTracker()
         self.ready = False
@@ -77,6 +87,28 @@ class RouterContext:
         self._last_args: dict[str, list[str]] = {}
 
     # ----- Launcher (for the scheduler) ---------------------------------------------------
+
+    def model_configs(self, catalog: Catalog) -> list[ModelConfig]:
+        configs = []
+        for e in catalog:
+            fp = fingerprint(catalog.child_args(e, 0, bin_path=str(self.engine.path)))
+            need = self.observed.get(e.name, fp) or model_need(e, self.facts, self.gpus)
+            configs.append(
+                ModelConfig(
+                    name=e.name,
+                    pin=e.pin,
+                    ttl=float(e.ttl) if e.ttl else None,  # ttl = 0: never
+                    fingerprint=fp,
+                    need=need,
+                )
+            )
+        return configs
+
+    def remember_memory(self, model: str, used: Mapping[str, int]) -> None:
+        entry = self.catalog.get(model)
+        if entry is not None:
+            fp = fingerprint(self.catalog.child_args(entry, 0, bin_path=str(self.engine.path)))
+            self.observed.put(model, fp, used)
 
     def launch_spec(self, model: str) -> LaunchSpec:
         entry = self.catalog.get(model)
@@ -122,6 +154,9 @@ class RouterContext:
         with trio.CancelScope(shield=True):
             await self.relay.aclose()
 
+    def close(self) -> None:
+        self._reader.close()
+
     async def reload(self) -> None:
         """``GET /models?reload=1`` (§6.9): re-scan; restart running models whose preset
         changed or vanished, and wait for them; add new ones without loading them. A
@@ -149,7 +184,7 @@ class RouterContext:
             )
             self.catalog = fresh
             self._last_args = {k: v for k, v in self._last_args.items() if k in fresh}
-            await self.scheduler.finish_reload(tuple(model_configs(fresh)))
+            await self.scheduler.finish_reload(tuple(self.model_configs(fresh)))
 
     def _scan(self, reload: bool) -> Catalog:
         return build_catalog(

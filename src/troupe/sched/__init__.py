@@ -13,6 +13,7 @@ from troupe.sched.effects import (
     Failure,
     Grant,
     Reply,
+    SampleMemory,
     Spawn,
     Stop,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "ModelConfig",
     "ModelView",
     "Reply",
+    "SampleMemory",
     "SchedulerCore",
     "Snapshot",
     "Spawn",

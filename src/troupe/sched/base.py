@@ -11,7 +11,8 @@ from typing import Any
 
 import attrs
 
-from troupe.sched.effects import Effect, Emit, Failure, Grant, Reply, Spawn, Stop
+from troupe.sched.effects import Effect, Emit, Failure, Grant, Reply, SampleMemory, Spawn, Stop
+from troupe.sched.memory import MemoryLedger, MemorySample
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.status import Status
 from troupe.sched.table import ModelConfig, ModelState, ModelView, Snapshot
@@ -58,6 +59,7 @@ class CoreBase:
         crash_limit: int = 3,
         crash_window: float = 60.0,
         queue_max: int = 0,
+        memory: MemoryLedger | None = None,
     ) -> None:
         self.models_max = models_max
         self.queue_max = queue_max  # 0: no limit on waiting requests
@@ -75,6 +77,16 @@ class CoreBase:
         self._out: list[Effect] = []
         self._version = 0
         self._queue_seen: dict[str, tuple[int, int]] = {}  # model -> (waiters, position)
+        # Memory admission (None: count limit only). A sample is "fresh" while nothing
+        # that changes memory use (a spawn, a ready, an exit) happened since it was asked.
+        self.memory = memory
+        if memory is not None:
+            for m in self._models.values():
+                memory.set_estimate(m.config.name, m.config.need)
+        self._sample: MemorySample | None = None
+        self._mem_version = 0
+        self._sampled_version = -1
+        self._sampling = False
 
     # ----- reading ------------------------------------------------------------------------
 
@@ -101,13 +113,19 @@ class CoreBase:
                 held_until=m.held_until,
                 pin=m.config.pin,
                 ttl=m.config.ttl,
+                memory_need=self.memory.need(name) if self.memory else None,
+                memory_used=self.memory.effective.get(name) if self.memory else None,
             )
             for name, m in sorted(self._models.items())
         }
         queue = tuple((e.model, e.waiters) for e in self._queue.entries)
         self._version += 1
         return Snapshot(
-            version=self._version, models=views, models_max=self.models_max, queue=queue
+            version=self._version,
+            models=views,
+            models_max=self.models_max,
+            queue=queue,
+            devices=self._sample.devices if self._sample else (),
         )
 
     def running_count(self) -> int:
@@ -181,6 +199,27 @@ class CoreBase:
             # right after a successful POST /models/load must see a running model.
             self._mark_loading(m, now)
         self._out.append(Spawn(m.config.name, m.gen, delay))
+
+    def _memory_changed(self) -> None:
+        self._mem_version += 1
+
+    def _sample_fresh(self) -> bool:
+        return self._sample is not None and self._sampled_version == self._mem_version
+
+    def _request_sample(self) -> None:
+        if self.memory is None or self._sampling:
+            return
+        self._sampling = True
+        pids = tuple(sorted(m.pid for m in self._models.values() if m.pid and m.is_running))
+        self._out.append(SampleMemory(pids, self._mem_version))
+
+    def _memory_holders(self) -> dict[str, int]:
+        """Models holding memory now (running and not asleep) -> pid (0: not started)."""
+        return {
+            name: m.pid
+            for name, m in self._models.items()
+            if m.is_running and m.status is not Status.SLEEPING
+        }
 
     def _mark_loading(self, m: ModelState, now: float) -> None:
         m.status = Status.LOADING

@@ -8,12 +8,13 @@ a waiter is re-examined the moment something changes instead of every 200 ms.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from troupe.sched.base import DirectLoad, Waiter
 from troupe.sched.effects import Effect, Failure
 from troupe.sched.lru import pick_victim
+from troupe.sched.memory import MemorySample
 from troupe.sched.settle import Settling
 from troupe.sched.status import Status
 from troupe.sched.table import ModelConfig, ModelState
@@ -94,18 +95,10 @@ class SchedulerCore(Settling):
         else:
             m.crashes.clear()  # an explicit load lifts a crash-loop hold
             m.held_until = None
-            if self._reloading:
-                self._direct[rid] = DirectLoad(model, None)  # decided once the reload is done
-            elif self._has_capacity():
-                self._spawn(m, now, delay=0.0)
-                self._reply(rid, None)
-            else:
-                victim = pick_victim(self._models, self._queue)
-                if victim is None:
-                    self._reply(rid, Failure.server_error("model limit reached, try again later"))
-                else:
-                    self._request_stop(self._models[victim], f"lru for {model}")
-                    self._direct[rid] = DirectLoad(model, victim)
+            # Settling takes upstream's path: spawn if a slot is free, else stop the LRU
+            # model and wait for it to be gone (or answer "model limit reached"); it also
+            # waits out a reload and, with memory admission, frees memory first.
+            self._direct[rid] = DirectLoad(model, None)
             self._settle(now)
         return self._flush()
 
@@ -165,14 +158,41 @@ class SchedulerCore(Settling):
                 self._models[name] = ModelState(config)
                 continue
             m = existing
+            if self.memory is not None and m.config.fingerprint != config.fingerprint:
+                self.memory.effective.pop(name, None)  # seen under another command line
             m.config = config
             m.removed = False
             if not m.is_running:
                 m.exit_code = 0  # a reload clears "failed"
                 m.crashes.clear()
                 m.held_until = None
+        if self.memory is not None:
+            for name, config in fresh.items():
+                self.memory.set_estimate(name, config.need)
         self._reloading = False
         self._emit("*", "models_reload")
+        self._settle(now)
+        return self._flush()
+
+    # ----- memory -----------------------------------------------------------------------
+
+    def set_estimate(self, model: str, need: Mapping[str, int] | None, now: float) -> list[Effect]:
+        """What loading ``model`` is expected to take per device (None: unknown)."""
+        if self.memory is not None:
+            self.memory.set_estimate(model, need)
+            self._settle(now)
+        return self._flush()
+
+    def memory_sampled(self, sample: MemorySample, version: int, now: float) -> list[Effect]:
+        """A reading asked for by a `SampleMemory` effect of the same ``version``."""
+        self._sampling = False
+        self._sample = sample
+        self._sampled_version = version
+        if self.memory is not None:
+            for name, m in self._models.items():
+                used = sample.footprint.get(m.pid) if m.pid else None
+                if used and m.status is Status.LOADED and not m.stopping:
+                    self.memory.true_up(name, used)  # what it really holds, from now on
         self._settle(now)
         return self._flush()
 
@@ -185,6 +205,7 @@ class SchedulerCore(Settling):
             m.port, m.pid = port, pid
             if m.status is Status.UNLOADED:  # a delayed spawn: loading starts only now
                 self._mark_loading(m, now)
+            self._memory_changed()
             self._settle(now)
         return self._flush()
 
@@ -216,10 +237,14 @@ class SchedulerCore(Settling):
                 m.load_started = None
             if m.in_flight == 0:
                 m.idle_since = now
+            m.oom_retried = False
+            self._memory_changed()
+            self._request_sample()  # learn what it really holds (true-up)
         elif state == "sleeping":
             m.status = Status.SLEEPING
             m.exit_code = 0
             data = {"status": "sleeping"}
+            self._memory_changed()  # a sleeping child gives its memory back
         else:
             return self._flush()
         self._emit(model, "status_change", data)
@@ -235,12 +260,16 @@ class SchedulerCore(Settling):
         *,
         expected: bool,
         detail: str | None = None,
+        oom: bool = False,
     ) -> list[Effect]:
-        """The child of generation ``gen`` is gone. ``code`` is upstream's (a signal is 1)."""
+        """The child of generation ``gen`` is gone. ``code`` is upstream's (a signal is 1);
+        ``oom``: its log said it ran out of memory."""
         m = self._current(model, gen)
         if m is None:
             return self._flush()
         was_running = m.status.is_running
+        was_loading = m.status is Status.LOADING
+        self._memory_changed()
         m.status = Status.UNLOADED
         m.exit_code = code
         m.stopping = False
@@ -250,14 +279,35 @@ class SchedulerCore(Settling):
         m.load_started = None
         if detail:
             m.last_error = detail
-        if not expected:
-            self._record_crash(m, now)
         if was_running:
             self._emit(model, "status_change", {"status": "unloaded", "exit_code": code})
+        if oom and was_loading and not expected and self._retry_after_oom(m):
+            pass  # its waiters keep waiting for the second try
+        elif not expected:
+            self._record_crash(m, now)
         if m.removed:
             del self._models[model]
         self._settle(now)
         return self._flush()
+
+    def _retry_after_oom(self, m: ModelState) -> bool:
+        """A load that died of OOM while idle models were resident: evict them all and try
+        once more. True when that retry is under way."""
+        if m.oom_retried or m.removed:
+            return False
+        victims: list[str] = []
+        while True:
+            victim = pick_victim(self._models, self._queue, exclude=[m.config.name, *victims])
+            if victim is None:
+                break
+            victims.append(victim)
+        if not victims:
+            return False
+        for victim in victims:
+            self._request_stop(self._models[victim], f"memory for {m.config.name}")
+        m.oom_retried = True
+        m.respawn_after_evictions = True
+        return True
 
     # ----- time -------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Effect", "Emit", "Failure", "Grant", "Reply", "Spawn", "Stop"]
+__all__ = ["Effect", "Emit", "Failure", "Grant", "Reply", "SampleMemory", "Spawn", "Stop"]
 
 
 @attrs.frozen
@@ -77,6 +77,15 @@ class Reply:
 
 
 @attrs.frozen
+class SampleMemory:
+    """Read every device's free memory and what each child process uses; answer with
+    ``memory_sampled(sample, version)``."""
+
+    pids: tuple[int, ...]
+    version: int
+
+
+@attrs.frozen
 class Emit:
     """An event for /models/sse subscribers: ``{"model":..., "event":..., "data":...}``."""
 
@@ -85,4 +94,4 @@ class Emit:
     data: dict[str, Any] | None = None
 
 
-Effect = Spawn | Stop | Reply | Emit
+Effect = Spawn | Stop | Reply | Emit | SampleMemory

@@ -3,7 +3,9 @@
 Figures are bytes per device name ("host", "cuda:0", ...). For each device:
 
 * external = total - free - tracked, where tracked is what our children really use
-  now (sampled per process), so memory other programs use is never ours to give;
+  now (sampled per process) and "free" does not count as reclaimable, so memory other
+  programs use is never ours to give (on the host "free" is MemAvailable, which already
+  counts a child's clean mapped weight pages; only its anonymous memory is added back);
 * held = for each running model, its effective use once it is up, else its
   estimate (a reservation made at admission, so two loads never spend the same bytes);
 * available = total - external - held = free + tracked - held;
@@ -36,7 +38,11 @@ class MemorySample:
     """One reading: every device, and what each child process uses on each device."""
 
     devices: tuple[DeviceMemory, ...]
-    usage: Mapping[int, PerDevice] = attrs.field(factory=dict)  # pid -> device -> bytes
+    # pid -> device -> bytes the device's "free" does not already count as reclaimable
+    # (on the host: anonymous memory; a GPU: everything the process holds)
+    usage: Mapping[int, PerDevice] = attrs.field(factory=dict)
+    # pid -> device -> everything the process holds (host: its RSS, mapped weights too)
+    footprint: Mapping[int, PerDevice] = attrs.field(factory=dict)
 
     def device(self, name: str) -> DeviceMemory | None:
         return next((d for d in self.devices if d.name == name), None)

@@ -10,6 +10,7 @@ from troupe.sched.base import FAKE_TIMING_DELAY, CoreBase, DirectLoad, Waiter
 from troupe.sched.effects import Failure
 from troupe.sched.lru import evictions_needed, pick_victim
 from troupe.sched.status import Status
+from troupe.sched.table import ModelState
 
 __all__ = ["Settling"]
 
@@ -17,6 +18,11 @@ __all__ = ["Settling"]
 class Settling(CoreBase):
     def _settle(self, now: float) -> None:
         """Re-examine every waiter and parked load, then free slots the queue needs."""
+        if not any(s.stopping for s in self._models.values()):
+            for m in list(self._models.values()):
+                if m.respawn_after_evictions:  # an out-of-memory load, tried once more
+                    m.respawn_after_evictions = False
+                    self._spawn(m, now, delay=0.0)
         for rid, w in list(self._waiters.items()):
             self._advance(rid, w, now)
         for rid, d in list(self._direct.items()):
@@ -59,8 +65,8 @@ class Settling(CoreBase):
         if status is Status.LOADING:
             w.saw_loading = True
             return
-        if m.spawn_pending:
-            return  # claimed; the child is about to start
+        if m.spawn_pending or m.respawn_after_evictions:
+            return  # claimed, or tried again after an out-of-memory death
         if w.did_load or w.saw_loading:
             if m.failed:
                 detail = f": {m.last_error}" if m.last_error else ""
@@ -76,7 +82,12 @@ class Settling(CoreBase):
         if self._held_back(m, now):
             self._finish(rid, w, Failure.unavailable(self._held_message(m, now)))
             return
-        if not self._reloading and self._queue.can_claim(name) and self._has_capacity():
+        if (
+            not self._reloading
+            and self._queue.can_claim(name)
+            and self._has_capacity()
+            and self._memory_admits(m)
+        ):
             self._queue.claim(name)
             w.did_load = True
             # Upstream's load() sleeps here under LLAMA_SERVER_DEBUG_FAKE_TIMING; the direct
@@ -104,14 +115,45 @@ class Settling(CoreBase):
             self._reply(rid, Failure.not_found("model is not found"))
         elif m.is_running or m.status is not Status.UNLOADED:
             self._reply(rid, None)
-        elif self._has_capacity():
+        elif not self._has_capacity():
+            self._reply(rid, Failure.server_error("model limit reached, try again later"))
+        elif self._memory_admits(m):
             self._spawn(m, now, delay=0.0)
             self._reply(rid, None)
         else:
-            self._reply(rid, Failure.server_error("model limit reached, try again later"))
+            self._direct[rid] = DirectLoad(d.model, d.victim)  # memory is being freed
 
     def _needs_victim(self) -> bool:
         return not self._has_capacity()
+
+    def _memory_admits(self, m: ModelState) -> bool:
+        """Does ``m`` fit in memory with the margin? If not, ask for what it takes (a fresh
+        sample, one eviction at a time) and answer False: the caller waits."""
+        ledger = self.memory
+        name = m.config.name
+        if ledger is None or ledger.need(name) is None:
+            return True  # unknown need: load without the check, learn it once it is up
+        if not self._sample_fresh():
+            self._request_sample()
+            return False
+        assert self._sample is not None
+        holders = self._memory_holders()
+        deficit = ledger.deficit(name, self._sample, holders)
+        if not deficit:
+            return True
+        if any(s.stopping for s in self._models.values()):
+            return False  # one eviction at a time: wait until it is gone
+        victim = pick_victim(self._models, self._queue, exclude=(name,))
+        if victim is not None:
+            self._request_stop(self._models[victim], f"memory for {name}")
+            return False
+        if not any(h != name for h in holders):
+            # Nothing else to give up: load anyway, as upstream does, but say so.
+            short = ", ".join(f"{dev}: {n >> 20} MiB" for dev, n in sorted(deficit.items()))
+            warning = f"loading without enough memory ({short} short)"
+            self._emit(name, "troupe_memory", {"warning": warning})
+            return True
+        return False  # busy or pinned models hold the memory: wait for one to go idle
 
     def _tick(self) -> None:
         """Evict idle models while queued requests outnumber free slots (upstream ``tick``)."""

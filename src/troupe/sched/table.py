@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
+from troupe.sched.memory import DeviceMemory
 from troupe.sched.status import Status
 
 __all__ = ["ModelConfig", "ModelState", "ModelView", "Snapshot"]
@@ -19,7 +21,8 @@ class ModelConfig:
     name: str
     pin: bool = False  # never evicted (still counts toward --models-max)
     ttl: float | None = None  # unload after this many idle seconds
-    fingerprint: str = ""  # preset identity; a change on reload restarts a running model
+    fingerprint: str = ""  # identity of its command line (memory observations are per it)
+    need: Mapping[str, int] | None = None  # bytes per device to load it; None: unknown
 
 
 @attrs.define
@@ -46,6 +49,8 @@ class ModelState:
     crashes: deque[float] = attrs.field(factory=deque)
     held_until: float | None = None
     removed: bool = False  # dropped from the catalogue, kept until its child is gone
+    oom_retried: bool = False  # an out-of-memory load was already retried once
+    respawn_after_evictions: bool = False  # retry that load once the evictions are done
 
     @property
     def failed(self) -> bool:
@@ -79,6 +84,8 @@ class ModelView:
     held_until: float | None
     pin: bool
     ttl: float | None
+    memory_need: Mapping[str, int] | None = None  # what loading it takes (estimate or seen)
+    memory_used: Mapping[str, int] | None = None  # what it was seen to hold once up
 
 
 @attrs.frozen
@@ -89,6 +96,7 @@ class Snapshot:
     models: dict[str, ModelView]
     models_max: int
     queue: tuple[tuple[str, int], ...]  # (model, waiters) in queue order
+    devices: tuple[DeviceMemory, ...] = ()  # the last memory reading, if any
 
     @property
     def running(self) -> int:

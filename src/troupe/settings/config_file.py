@@ -6,7 +6,7 @@ is structured with cattrs so a mistake names the key's path and what was expecte
 
     [server]   host, port, api_prefix, timeout, api_keys, api_key_file, ssl_key_file,
                ssl_cert_file, cors_origins, cors_methods, cors_headers, cors_credentials
-    [models]   dir, preset, max, autoload, sleep_idle_seconds
+    [models]   dir, preset, max, autoload, sleep_idle_seconds, memory_margin_mib
     [troupe]   engine, log_level, state_dir, max_body_mib, ws_max_message_mib, queue_max,
                queue_timeout
     [child]    any llama-server option, forwarded to every child ("ctx-size" = 4096)
@@ -54,6 +54,7 @@ class ModelsSection:
     max: int | None = None
     autoload: bool | None = None
     sleep_idle_seconds: int | None = None
+    memory_margin_mib: int | str | None = None
 
 
 @attrs.frozen
@@ -97,6 +98,7 @@ _MODELS = {
     "autoload": "--models-autoload",
     "sleep_idle_seconds": "--sleep-idle-seconds",
 }
+_MODELS_OWN = {"memory_margin_mib": "--models-memory-margin"}
 _TROUPE = {
     "engine": "--engine",
     "log_level": "--log-level",
@@ -126,6 +128,13 @@ def _converter() -> cattrs.Converter:
         raise TypeError("expected a string or a list of strings")
 
     conv.register_structure_hook(str | list[str] | None, host)
+
+    def int_or_text(value: Any, _: type) -> int | str | None:
+        if isinstance(value, int | str) and not isinstance(value, bool):
+            return value
+        raise TypeError('expected a number of MiB or "off"')
+
+    conv.register_structure_hook(int | str | None, int_or_text)
     return conv
 
 
@@ -190,6 +199,7 @@ def config_options(
 
     put(cfg.server, _SERVER, engine_opts, table)
     put(cfg.models, _MODELS, engine_opts, table)
+    put(cfg.models, _MODELS_OWN, own_opts, own_table)
     put(cfg.troupe, _TROUPE, own_opts, own_table)
     for key, value in cfg.child.items():
         found = table.by_key(key)

@@ -74,6 +74,7 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--state-dir", hint="PATH", env="TROUPE_STATE_DIR"),
     _opt("--max-body-mib", hint="N", env="TROUPE_MAX_BODY_MIB"),
     _opt("--queue-max", hint="N", env="TROUPE_QUEUE_MAX"),
+    _opt("--models-memory-margin", hint="MIB", env="TROUPE_MODELS_MEMORY_MARGIN"),
     _opt("--queue-timeout", hint="SECONDS", env="TROUPE_QUEUE_TIMEOUT"),
     _opt("--ws-max-message-mib", hint="N", env="TROUPE_WS_MAX_MESSAGE_MIB"),
 )
@@ -115,6 +116,8 @@ class RouterSettings:
     ws_max_message_bytes: int = 16 << 20  # WebSocket message limit, both directions
     queue_max: int = 0  # requests waiting for a model at once; 0: no limit
     queue_timeout: float | None = None  # longest wait for a model; None: no limit
+    # Memory kept free on every device when admitting a model; None: no memory admission.
+    memory_margin_bytes: int | None = 1024 << 20
     # Every llama-server option from the command line, forwarded to children (spec §2.5).
     base_args: tuple[tuple[EngineOption, str], ...] = ()
 
@@ -197,6 +200,20 @@ def _non_negative(value: int, spelling: str) -> int:
     if value < 0:
         raise UsageError(f"invalid value for {spelling}: {value} (expected 0 or more)")
     return value
+
+
+def _margin(text: str) -> int | None:
+    if text.strip().lower() == "off":
+        return None
+    try:
+        mib = int(text)
+    except ValueError:
+        raise UsageError(
+            f"invalid value for --models-memory-margin: '{text}' (MiB, or off)"
+        ) from None
+    if mib < 0:
+        raise UsageError(f"invalid value for --models-memory-margin: {mib} (MiB >= 0, or off)")
+    return mib << 20
 
 
 def _timeout(text: str) -> float | None:
@@ -306,5 +323,6 @@ def build_settings(
         ws_max_message_bytes=_mib(own, "--ws-max-message-mib", 16),
         queue_max=_non_negative(own.integer("--queue-max", 0), "--queue-max"),
         queue_timeout=_timeout(own.text("--queue-timeout", "")),
+        memory_margin_bytes=_margin(own.text("--models-memory-margin", "1024")),
         base_args=tuple({**(config or {}), **cli}.items()),
     )

@@ -90,6 +90,7 @@ async def open_router(
                     await shutdown(ctx)
                 nursery.cancel_scope.cancel()
     finally:
+        ctx.close()
         ledger.close()
 
 

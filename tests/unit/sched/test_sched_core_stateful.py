@@ -171,14 +171,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.core is not None
         self.out = effects
         stop_all_answered = False
+        loads_done: list[str] = []
         for e in effects:
             if isinstance(e, Spawn):
                 self.on_spawn(e)
             elif isinstance(e, Stop):
                 self.on_stop(e)
             elif isinstance(e, Reply):
-                kind = self.waiting[e.to].kind if e.to in self.waiting else None
-                stop_all_answered |= kind == "stop_all"
+                ask = self.waiting.get(e.to)
+                stop_all_answered |= ask is not None and ask.kind == "stop_all"
+                if ask is not None and ask.kind == "load" and e.result is None:
+                    loads_done.append(ask.model)
                 self.on_reply(e)
             elif isinstance(e, Emit):
                 self.on_emit(e)
@@ -186,9 +189,22 @@ class SchedulerMachine(RuleBasedStateMachine):
                 raise AssertionError(f"unknown effect {e!r}")
         if stop_all_answered:
             assert not self.children, f"shutdown answered while {self.children} run"
+        self.check_claims(loads_done)
         self.check_stops([e for e in effects if isinstance(e, Stop)])
         self.check_nothing_left_undone()
         return effects
+
+    def check_claims(self, loads_done: list[str]) -> None:
+        """A Spawn that no POST /models/load answered came from the queue: only the head
+        entry may claim, and it is marked as loading."""
+        assert self.core is not None
+        entries = self.core._queue.entries
+        for e in self.of_type(Spawn):
+            if e.model in loads_done:
+                loads_done.remove(e.model)
+                continue
+            assert entries and entries[0].model == e.model, f"{e} but the head is {entries}"
+            assert entries[0].loading, f"{e} from an entry not marked loading: {entries}"
 
     def on_spawn(self, e: Spawn) -> None:
         assert not self.closing, f"spawn during shutdown: {e}"
@@ -275,6 +291,18 @@ class SchedulerMachine(RuleBasedStateMachine):
             and not v.pin
             and v.name not in queued
         ]
+        if any(s.reason.startswith("lru for ") for s in issued):
+            # No more evictions than the waiting requests need: count slots the world's way.
+            stopping = sum(1 for c in self.children.values() if c.stop is not None)
+            free = self.models_max - len(self.children) + stopping
+            lacking = [
+                e.model
+                for e in entries
+                if e.model not in self.children or self.children[e.model].stop is not None
+            ] + [d.model for d in core._direct.values() if d.model not in self.children]
+            assert free <= len(lacking), (
+                f"{issued} leave {free} slots free for {lacking}; queue={entries}"
+            )
         for s in issued:
             if not (s.reason == "ttl" or s.reason.startswith("lru for ")):
                 continue
