@@ -56,7 +56,6 @@ from troupe.testing import TinyModel, write_fake_engine, write_tiny_models
 
 MODEL = TinyModel(name="bench-tiny", n_ctx=4096)
 CHILD_ARGS = ["--threads", "1", "--ctx-size", str(MODEL.n_ctx)]
-TARGETS = ("direct", "troupe", "C++ router")
 
 
 @dataclass
@@ -269,8 +268,8 @@ def print_report(report: Report, targets: list[str]) -> None:
                 f"{f.load.rps:.0f}",
                 _ms(f.load.p50_s),
                 _ms(f.load.p99_s),
-                "" if direct else "+" + _ms(f.load.p50_s - base.p50_s),
-                "" if direct else "+" + _ms(f.load.p99_s - base.p99_s),
+                "" if direct else f"{(f.load.p50_s - base.p50_s) * 1e3:+.3f}",
+                "" if direct else f"{(f.load.p99_s - base.p99_s) * 1e3:+.3f}",
                 "-" if direct else _us(f.proxy_cpu_s, n),
                 _us(f.child_cpu_s, n),
                 _us(f.client_cpu_s, n),
@@ -324,18 +323,28 @@ def print_report(report: Report, targets: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def _signals_as_exit() -> Iterator[None]:
-    """SIGTERM/SIGHUP end the bench like Ctrl-C does: through the cleanup."""
+def _process_stack() -> Iterator[contextlib.ExitStack]:
+    """An ExitStack for the processes the bench starts. While it is open, SIGTERM and
+    SIGHUP end the bench as Ctrl-C does; while it unwinds (stopping every process), all
+    three are ignored, so a second Ctrl-C cannot cut the cleanup short."""
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.getsignal(s) for s in signals}
 
-    def handler(signum: int, _frame: FrameType | None) -> None:
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGHUP, interrupt)
     try:
-        yield
+        with contextlib.ExitStack() as procs:
+            try:
+                yield procs
+            finally:
+                for s in signals:
+                    signal.signal(s, signal.SIG_IGN)
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def _parse_args() -> argparse.Namespace:
@@ -366,11 +375,8 @@ def run(args: argparse.Namespace, engine: Path, tmp: Path, report: Report) -> li
     print(f"client:  {client}, {args.connections} connections for throughput")
     print(f"timing:  {warmup:g} s warm-up + {seconds:g} s measured per scenario and target")
     print(f"SSE:     one /completion stream of n_predict={n_predict} per target")
-    with _signals_as_exit(), contextlib.ExitStack() as stack:
-        # Registered first, so it runs last: a second Ctrl-C must not cut the cleanup short.
-        stack.callback(signal.signal, signal.SIGINT, signal.default_int_handler)
-        stack.callback(signal.signal, signal.SIGINT, signal.SIG_IGN)
-        targets = start_targets(stack, engine, tmp, args.fake)
+    with _process_stack() as procs:
+        targets = start_targets(procs, engine, tmp, args.fake)
         for sc in report.scenarios:
             for t in targets:
                 _progress(f"  {sc.label:<28} {t.name:<11}")
@@ -395,15 +401,19 @@ def main() -> int:
     print(f"child:   {' '.join(CHILD_ARGS)} (direct child and both routers alike)")
     print(f"machine: {os.cpu_count()} CPUs, load average at start {_loadavg(load)}")
     report = Report(scenarios=scenarios(args.connections))
-    ok = False
+    keep = True  # the logs of a run that failed
     try:
         names = run(args, engine, tmp, report)
-        ok = True
+        keep = args.keep
     except KeyboardInterrupt:
+        keep = args.keep
         print("\ninterrupted; every process the bench started is stopped", file=sys.stderr)
         return 130
+    except (RuntimeError, OSError) as exc:
+        print(f"bench failed: {exc}", file=sys.stderr)
+        return 1
     finally:
-        if args.keep or not ok:
+        if keep:
             print(f"logs kept in {tmp}", file=sys.stderr)
         else:
             shutil.rmtree(tmp, ignore_errors=True)

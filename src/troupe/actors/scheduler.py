@@ -19,6 +19,7 @@ import trio
 from troupe.actors.events import EventBus
 from troupe.actors.instance import Instance, LaunchSpec
 from troupe.actors.memory import MemorySampler
+from troupe.sched.memory import MemoryLedger
 from troupe.child.ledger import PidLedger
 from troupe.messages import (
     Acquire,
@@ -101,6 +102,15 @@ class Scheduler:
     def snapshot(self) -> Snapshot:
         """The table as of the last message; immutable, safe to read from anywhere."""
         return self._snapshot
+
+    @property
+    def ledger(self) -> MemoryLedger | None:
+        """The memory ledger (None without memory admission); owned by the core."""
+        return self._core.memory
+
+    @property
+    def sampler(self) -> MemorySampler | None:
+        return self._sampler
 
     def instance(self, model: str) -> Instance | None:
         return self._instances.get(model)

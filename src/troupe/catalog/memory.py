@@ -3,7 +3,7 @@
 The GGUF estimate (weights, KV cache at the context the engine would run with,
 projector; `troupe.hardware.estimate`) plus the two buffers llama.cpp allocates
 beside them: the compute buffer (sized for one micro-batch: the FFN and residual
-activations) and the output buffer (one row of logits per sequence). Checked against
+activations and the attention mask) and the output buffer (one row of logits per sequence). Checked against
 llama-server's own memory breakdown (``-lv 4``): within a few percent for the tiny
 test models and Gemma 3 270M (bench/memory.py prints the comparison).
 """
@@ -38,8 +38,9 @@ def compute_bytes(facts: ModelFacts, n_ctx: int, n_seq: int, n_batch: int, n_uba
     n_embd = facts.embedding_length or 0
     n_ff = facts.feed_forward_length or 4 * n_embd
     activations = ubatch * F32 * (3 * n_ff + 6 * n_embd)
+    mask = n_ctx * ubatch * 2  # the KQ mask, f16, one row per token of the micro-batch
     logits = (facts.vocab_size or 0) * F32 * max(1, n_seq)
-    return activations + logits
+    return activations + mask + logits
 
 
 def model_need(

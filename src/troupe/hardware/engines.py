@@ -115,6 +115,7 @@ class BuildVerdict:
     build: EngineBuild
     category: str | None
     reason: str
+    fallback: bool = False  # a GPU build running on the CPU because its GPU backend cannot
 
 
 @attrs.frozen
@@ -214,7 +215,7 @@ def judge(build: EngineBuild, host: HostFacts) -> BuildVerdict:
     for lib, missing in build.skipped_backends.items():
         passed_over.append(f"{lib} will not load ({', '.join(missing)})")
     cpu = f"runs on the CPU ({build.cpu_variant})"
-    return BuildVerdict(build, build.cpu_variant, "; ".join([*passed_over, cpu]))
+    return BuildVerdict(build, build.cpu_variant, "; ".join([*passed_over, cpu]), bool(passed_over))
 
 
 def _largest_gpu(host: HostFacts, builds: Sequence[EngineBuild]) -> int:
@@ -234,7 +235,12 @@ def choose_engine(builds: Sequence[EngineBuild], host: HostFacts) -> EngineChoic
         why = "no engine build can run here" if verdicts else "no engine build configured"
         return EngineChoice(None, why, verdicts, enough)
     rank = {c: i for i, c in enumerate(order)}
-    best = min(usable, key=lambda v: rank.get(v.category or "", len(order)))
+    # Within a category the configured order decides, except that a GPU build reduced to
+    # its CPU part yields to a build that is what it claims (fewer libraries, no GPU warnings).
+    best = min(
+        usable,
+        key=lambda v: (rank.get(v.category or "", len(order)), v.fallback, verdicts.index(v)),
+    )
     parts = [f"{best.build.label}: {best.reason}"]
     if len(usable) == 1:
         parts.append("the only usable build")
@@ -246,7 +252,7 @@ def choose_engine(builds: Sequence[EngineBuild], host: HostFacts) -> EngineChoic
         if below:
             parts.append(f"{best.category} ranks above {', '.join(below)}")
         if sum(v.category == best.category for v in usable) > 1:
-            parts.append(f"first of the {best.category} builds in the configured order")
+            parts.append(f"preferred among the {best.category} builds (configured order)")
     if any(v.category in _OTHER_GPU for v in usable):
         size = f"the largest GPU has {_gib(largest)}" if largest else "no GPU memory is known"
         place = "above" if enough else "below"

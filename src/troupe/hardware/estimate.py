@@ -60,11 +60,11 @@ def context_for(preset: Preset, facts: ModelFacts) -> tuple[int, str]:
     if ctx == 0 or is_falsey(preset.get("LLAMA_ARG_FIT") or ""):
         if not trained:
             raise ValueError("the model does not state its trained context")
-        return trained, "trained context (ctx-size 0)" if ctx == 0 else "trained context (fit off)"
+        return trained, "trained, ctx-size 0" if ctx == 0 else "trained, fit off"
     fit_ctx = _int(preset, "LLAMA_ARG_FIT_CTX") or DEFAULT_FIT_CTX
     if trained and trained <= fit_ctx:
-        return trained, f"trained context (<= fit-ctx {fit_ctx})"
-    return fit_ctx, f"fit-ctx {fit_ctx}, the least fit may choose"
+        return trained, f"trained, within fit-ctx {fit_ctx}"
+    return fit_ctx, "fit-ctx, the least fit may choose"
 
 
 def estimate_memory(preset: Preset, facts: ModelFacts, mmproj_bytes: int = 0) -> MemoryEstimate:

@@ -151,7 +151,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         CRASH_WINDOW hold the model back until the first of them is a window old."""
         cs = self.crashes[model]
         k = CRASH_LIMIT
-        until = [cs[i] + CRASH_WINDOW for i in range(len(cs) - k + 1) if cs[i + k - 1] - cs[i] < CRASH_WINDOW]
+        until = [
+            cs[i] + CRASH_WINDOW
+            for i in range(len(cs) - k + 1)
+            if cs[i + k - 1] - cs[i] < CRASH_WINDOW
+        ]
         return bool(until) and self.now < max(until)
 
     def replies_to(self, rid: int) -> list[Reply]:
@@ -366,9 +370,15 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert [x.result for x in r] == [Failure.bad_request("model is not loaded")]
             elif child.started:
                 assert len(r) == 1 and isinstance(r[0].result, Grant), r
-        elif child is not None and child.started and child.stop is None and child.status in (
-            Status.LOADED,
-            Status.SLEEPING,
+        elif (
+            child is not None
+            and child.started
+            and child.stop is None
+            and child.status
+            in (
+                Status.LOADED,
+                Status.SLEEPING,
+            )
         ):
             assert len(r) == 1 and isinstance(r[0].result, Grant), r
         elif held:

@@ -1,0 +1,207 @@
+"""Memory admission in the pure core: the ledger, evictions for memory, OOM retry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from troupe.sched import Effect, Emit, Grant, Reply, SampleMemory, SchedulerCore, Spawn, Stop
+from troupe.sched.memory import DeviceMemory, MemoryLedger, MemorySample
+from troupe.sched.table import ModelConfig
+
+MiB = 1 << 20
+TOTAL = 1000 * MiB
+
+
+def core(needs: dict[str, int | None], margin: int = 0, models_max: int = 0) -> SchedulerCore:
+    configs = [
+        ModelConfig(n, need={"host": v} if v is not None else None) for n, v in needs.items()
+    ]
+    return SchedulerCore(configs, models_max, memory=MemoryLedger(margin))
+
+
+class Driver:
+    """Carries out effects like the actor, with a machine of TOTAL bytes where each child
+    really uses what it was estimated to."""
+
+    def __init__(self, c: SchedulerCore, other_use: int = 0) -> None:
+        self.c = c
+        self.now = 0.0
+        self.pids: dict[str, int] = {}
+        self.next_pid = 100
+        self.other_use = other_use
+        self.replies: dict[int, object] = {}
+        self.stops: list[Stop] = []
+        self.events: list[Emit] = []
+        self.spawns: list[Spawn] = []
+
+    def run(self, effects: Iterable[Effect]) -> None:
+        todo = list(effects)
+        while todo:
+            e = todo.pop(0)
+            self.now += 0.01
+            if isinstance(e, SampleMemory):
+                todo += self.c.memory_sampled(self.sample(), e.version, self.now)
+            elif isinstance(e, Reply):
+                self.replies[e.to] = e.result
+            elif isinstance(e, Stop):
+                self.stops.append(e)
+            elif isinstance(e, Spawn):
+                self.spawns.append(e)
+            elif isinstance(e, Emit):
+                self.events.append(e)
+
+    def sample(self) -> MemorySample:
+        assert self.c.memory is not None
+        used = {
+            pid: {"host": (self.c.memory.need(name) or {"host": 80 * MiB})["host"]}
+            for name, pid in self.pids.items()
+        }
+        free = TOTAL - self.other_use - sum(u["host"] for u in used.values())
+        return MemorySample((DeviceMemory("host", TOTAL, free),), used, used)
+
+    def start(self, model: str) -> None:
+        spawn = next(s for s in reversed(self.spawns) if s.model == model)
+        self.next_pid += 1
+        self.pids[model] = self.next_pid
+        self.run(self.c.spawned(model, spawn.gen, 9000 + self.next_pid, self.next_pid, self.now))
+        self.run(self.c.child_state(model, spawn.gen, "ready", {}, self.now))
+
+    def exit(self, model: str, code: int = 0, *, expected: bool = True, oom: bool = False) -> None:
+        spawn = next(s for s in reversed(self.spawns) if s.model == model)
+        self.pids.pop(model, None)
+        self.run(self.c.exited(model, spawn.gen, code, self.now, expected=expected, oom=oom))
+
+
+def test_two_fit_the_third_evicts_the_least_recently_used_idle_one() -> None:
+    d = Driver(core({"a": 300 * MiB, "b": 300 * MiB, "c": 300 * MiB}, margin=200 * MiB))
+    for rid, name in ((1, "a"), (2, "b")):
+        d.run(d.c.acquire(rid, name, d.now))
+        d.start(name)
+        d.run(d.c.release(rid, d.now))
+    d.run(d.c.acquire(3, "c", d.now))
+    assert [s.model for s in d.stops] == ["a"]  # LRU, and only one
+    assert d.stops[0].reason == "memory for c"
+    assert not any(s.model == "c" for s in d.spawns)  # waits until a is gone
+    d.exit("a")
+    assert any(s.model == "c" for s in d.spawns)
+    d.start("c")
+    assert isinstance(d.replies[3], Grant)
+
+
+def test_a_busy_model_is_never_evicted_for_memory() -> None:
+    d = Driver(core({"a": 400 * MiB, "b": 400 * MiB, "c": 400 * MiB}, margin=100 * MiB))
+    d.run(d.c.acquire(1, "a", d.now))
+    d.start("a")  # a stays busy: lease 1 is never released
+    d.run(d.c.acquire(2, "b", d.now))
+    d.start("b")
+    d.run(d.c.release(2, d.now))
+    d.run(d.c.acquire(3, "c", d.now))
+    assert [s.model for s in d.stops] == ["b"]  # a is older but busy
+
+
+def test_only_busy_models_left_means_wait_and_nothing_running_means_load_anyway() -> None:
+    d = Driver(core({"a": 600 * MiB, "b": 600 * MiB}, margin=0))
+    d.run(d.c.acquire(1, "a", d.now))
+    d.start("a")
+    d.run(d.c.acquire(2, "b", d.now))
+    assert not d.stops
+    assert not any(s.model == "b" for s in d.spawns)  # waits for a to go idle
+    d.run(d.c.release(1, d.now))
+    assert [s.model for s in d.stops] == ["a"]
+    d.exit("a")
+    assert any(s.model == "b" for s in d.spawns)
+
+    alone = Driver(core({"huge": 5000 * MiB}))
+    alone.run(alone.c.acquire(1, "huge", alone.now))
+    assert any(s.model == "huge" for s in alone.spawns)  # nothing to give up: loads anyway
+    assert any(e.event == "troupe_memory" and "short" in e.data["warning"] for e in alone.events)  # type: ignore[index]
+
+
+def test_unknown_need_loads_without_the_check_then_learns() -> None:
+    d = Driver(core({"mystery": None, "a": 100 * MiB}))
+    d.run(d.c.acquire(1, "mystery", d.now))
+    assert any(s.model == "mystery" for s in d.spawns)
+    assert d.c.memory is not None
+    d.c.memory.set_estimate("mystery", {"host": 123 * MiB})  # as if estimated since
+    d.start("mystery")  # ready asks for a sample; the true-up learns what it holds
+    assert d.c.memory.effective["mystery"] == {"host": 123 * MiB}
+
+
+def test_a_load_that_died_of_oom_is_retried_once_after_evicting_idle_models() -> None:
+    d = Driver(core({"a": 100 * MiB, "b": 100 * MiB, "big": 300 * MiB}))
+    for rid, name in ((1, "a"), (2, "b")):
+        d.run(d.c.acquire(rid, name, d.now))
+        d.start(name)
+        d.run(d.c.release(rid, d.now))
+    d.run(d.c.acquire(3, "big", d.now))
+    first = [s for s in d.spawns if s.model == "big"]
+    assert len(first) == 1
+    d.exit("big", 1, expected=False, oom=True)
+    assert sorted(s.model for s in d.stops) == ["a", "b"]
+    assert 3 not in d.replies  # still waiting for the second try
+    d.exit("a")
+    d.exit("b")
+    assert len([s for s in d.spawns if s.model == "big"]) == 2
+    d.exit("big", 1, expected=False, oom=True)  # the second death is final
+    assert d.replies[3].status == 500  # type: ignore[union-attr]
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    """Random loads, readies, sleeps, crashes: what the ledger holds always equals the
+    needs of the models holding memory, counted once, and a crash releases it all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.needs = {"a": 200 * MiB, "b": 300 * MiB, "c": 250 * MiB, "d": None}
+        self.d = Driver(core(self.needs, margin=50 * MiB, models_max=3), other_use=100 * MiB)
+        self.rid = 0
+
+    @rule(model=st.sampled_from("abcd"))
+    def request(self, model: str) -> None:
+        self.rid += 1
+        self.d.run(self.d.c.acquire(self.rid, model, self.d.now))
+
+    @rule(model=st.sampled_from("abcd"))
+    def child_comes_up(self, model: str) -> None:
+        m = self.d.c._models[model]
+        if m.spawn_pending or (m.status.value == "loading" and model not in self.d.pids):
+            self.d.start(model)
+
+    @rule(model=st.sampled_from("abcd"), crash=st.booleans())
+    def child_exits(self, model: str, crash: bool) -> None:
+        m = self.d.c._models[model]
+        if m.status.is_running and not m.spawn_pending:
+            self.d.exit(model, 1 if crash else 0, expected=not crash)
+
+    @rule(model=st.sampled_from("abcd"))
+    def child_sleeps(self, model: str) -> None:
+        m = self.d.c._models[model]
+        if m.status.value == "loaded":
+            self.d.run(self.d.c.child_state(model, m.gen, "sleeping", {}, self.d.now))
+
+    @rule(data=st.data())
+    def release_something(self, data: st.DataObject) -> None:
+        leases = sorted(self.d.c._leases)
+        if leases:
+            self.d.run(self.d.c.release(data.draw(st.sampled_from(leases)), self.d.now))
+
+    @invariant()
+    def held_is_each_holder_once(self) -> None:
+        c = self.d.c
+        assert c.memory is not None
+        holders = c._memory_holders()
+        held = c.memory.held(holders).get("host", 0)
+        expected = sum((c.memory.need(n) or {}).get("host", 0) for n in holders)
+        assert held == expected
+        assert held >= 0
+        for name, m in c._models.items():
+            if not m.status.is_running:
+                assert name not in holders  # a crash or an exit releases everything
+
+
+TestLedgerMachine = LedgerMachine.TestCase
+TestLedgerMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
