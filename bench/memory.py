@@ -62,11 +62,10 @@ async def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         files = [write_tiny_gguf(Path(tmp) / f"{s.name}.gguf", s) for s in SHAPES]
         demo = Path("models/gemma-3-270m-q4_k_m.gguf")
-        files += ([demo] if demo.exists() else []) + list(ns.models)
+        files += ([demo] if demo.is_file() else []) + list(ns.models)  # noqa: ASYNC240
         print(f"context {ns.ctx}, one slot; MiB")
-        print(
-            f"{'model':28} {'engine':>9} {'troupe':>9} {'error':>7}   (model + KV + compute + output)"
-        )
+        head = f"{'model':28} {'engine':>9} {'troupe':>9} {'error':>7}"
+        print(head + "   (model + KV + compute + output)")
         worst = 0.0
         for path in files:
             sizes = await reported(engine, path, args)
@@ -86,9 +85,8 @@ async def main() -> int:
             parts = " + ".join(
                 f"{sizes.get(k, 0) / MiB:.1f}" for k in ("model", "context", "compute", "output")
             )
-            print(
-                f"{path.name:28} {truth / MiB:9.1f} {need['host'] / MiB:9.1f} {error:+7.1%}   ({parts})"
-            )
+            row = f"{path.name:28} {truth / MiB:9.1f} {need['host'] / MiB:9.1f} {error:+7.1%}"
+            print(f"{row}   ({parts})")
         print(f"worst error: {worst:.1%}")
     return 0
 

@@ -19,7 +19,6 @@ import trio
 from troupe.actors.events import EventBus
 from troupe.actors.instance import Instance, LaunchSpec
 from troupe.actors.memory import MemorySampler
-from troupe.sched.memory import MemoryLedger
 from troupe.child.ledger import PidLedger
 from troupe.messages import (
     Acquire,
@@ -49,6 +48,7 @@ from troupe.sched import (
     Spawn,
     Stop,
 )
+from troupe.sched.memory import MemoryLedger
 
 __all__ = ["Launcher", "ModelUnavailable", "Scheduler"]
 

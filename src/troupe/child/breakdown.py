@@ -64,7 +64,8 @@ def parse_breakdown_line(line: str) -> BreakdownRow | None:
 
 
 _BUFFER = re.compile(
-    r"(?P<dev>[A-Za-z0-9_]+)\s+(?P<kind>model|KV|compute|output)\s+buffer size\s*=\s*(?P<mib>[0-9.]+)\s*MiB"
+    r"(?P<dev>[A-Za-z0-9_]+)\s+(?P<kind>model|KV|compute|output)\s+buffer size"
+    r"\s*=\s*(?P<mib>[0-9.]+)\s*MiB"
 )
 _KIND = {"model": "model", "KV": "context", "compute": "compute", "output": "output"}
 
