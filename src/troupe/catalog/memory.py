@@ -4,8 +4,8 @@ The GGUF estimate (weights, KV cache at the context the engine would run with,
 projector; `troupe.hardware.estimate`) plus the two buffers llama.cpp allocates
 beside them: the compute buffer (sized for one micro-batch: the FFN and residual
 activations and the attention mask) and the output buffer (one row of logits per
-sequence). Checked against llama-server's own buffer sizes (``-lv 4``): within 5% for the tiny test models
-and Gemma 3 270M (bench/memory.py prints the comparison).
+sequence). Checked against llama-server's own buffer sizes (``-lv 4``): within 5%
+for the tiny test models and Gemma 3 270M (bench/memory.py prints the comparison).
 """
 
 from __future__ import annotations
