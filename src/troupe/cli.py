@@ -104,6 +104,8 @@ def setup_logging(level: str) -> None:
     if not isinstance(numeric, int):
         raise UsageError(f"invalid value for --log-level: '{level}' (debug, info, warning, error)")
     logging.getLogger().setLevel(numeric)
+    for noisy in ("httpx", "httpcore", "hpack"):  # a line per proxied request is too much
+        logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
     logging.basicConfig(
         level=numeric,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",

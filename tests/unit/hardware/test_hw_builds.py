@@ -17,6 +17,7 @@ from troupe.hardware import (
     run_ldd,
     run_list_devices,
 )
+from troupe.hardware.builds import Ldd
 
 LDD_CUDA = """\
 \tlinux-vdso.so.1 (0x00007ffc6a5f2000)
@@ -73,7 +74,7 @@ def _engine_dir(tmp_path: Path, *libs: str, name: str = "build") -> Path:
     return exe
 
 
-def _ldd(answers: Mapping[str, Mapping[str, str | None] | Exception]) -> object:
+def _ldd(answers: Mapping[str, Mapping[str, str | None] | Exception]) -> Ldd:
     """An ldd that answers by file name."""
 
     def ldd(path: Path) -> Mapping[str, str | None]:
@@ -92,7 +93,7 @@ def test_cuda_linked_in_with_its_runtime(tmp_path: Path) -> None:
         "libcudart.so.12": "/usr/local/cuda/lib64/libcudart.so.12",
         "libc.so.6": "/lib/libc.so.6",
     }
-    build = inspect_build(exe, "cuda", arch="x86_64", ldd=_ldd({"llama-server": libs}))  # type: ignore[arg-type]
+    build = inspect_build(exe, "cuda", arch="x86_64", ldd=_ldd({"llama-server": libs}))
     assert build.backends == {Backend.CUDA}
     assert build.cuda_major == 12
     assert build.runnable
@@ -101,7 +102,7 @@ def test_cuda_linked_in_with_its_runtime(tmp_path: Path) -> None:
 
 def test_missing_runtime_makes_the_build_unusable_and_is_named(tmp_path: Path) -> None:
     exe = _engine_dir(tmp_path)
-    build = inspect_build(exe, ldd=_ldd({"llama-server": parse_ldd(LDD_CUDA)}))  # type: ignore[arg-type]
+    build = inspect_build(exe, ldd=_ldd({"llama-server": parse_ldd(LDD_CUDA)}))
     assert not build.runnable
     assert build.missing == ("libcudart.so.12",)
     assert build.problem == "missing shared libraries: libcudart.so.12"
@@ -125,7 +126,7 @@ def test_dynamic_backends_and_all_cpu_variants(tmp_path: Path) -> None:
             "libggml-vulkan.so": {"libvulkan.so.1": "/usr/lib/libvulkan.so.1"},
         }
     )
-    build = inspect_build(exe, "all", arch="x86_64", ldd=ldd)  # type: ignore[arg-type]
+    build = inspect_build(exe, "all", arch="x86_64", ldd=ldd)
     assert build.backends == {Backend.CUDA, Backend.VULKAN}
     assert build.cuda_major == 13
     assert build.cpu_variant == "common_cpus"
@@ -141,7 +142,7 @@ def test_a_dynamic_backend_that_cannot_load_is_skipped_not_fatal(tmp_path: Path)
             "libggml-hip.so": LddError("ldd libggml-hip.so: not a dynamic executable"),
         }
     )
-    build = inspect_build(exe, "dl", ldd=ldd)  # type: ignore[arg-type]
+    build = inspect_build(exe, "dl", ldd=ldd)
     assert build.runnable
     assert build.backends == frozenset()
     assert build.skipped_backends == {
@@ -192,20 +193,20 @@ def test_cpu_variant_from_the_name(
     tmp_path: Path, dirname: str, label: str | None, arch: str, variant: str
 ) -> None:
     exe = _engine_dir(tmp_path, name=dirname)
-    build = inspect_build(exe, label, arch=arch, ldd=_ldd({"llama-server": {}}))  # type: ignore[arg-type]
+    build = inspect_build(exe, label, arch=arch, ldd=_ldd({"llama-server": {}}))
     assert build.cpu_variant == variant
 
 
 def test_cuda_major_from_the_name_when_the_runtime_is_static(tmp_path: Path) -> None:
     exe = _engine_dir(tmp_path, "libggml-cuda.so", name="linux-cuda-12-common_cpus-x64")
     ldd = _ldd({"llama-server": {}, "libggml-cuda.so": {"libcuda.so.1": "/lib/libcuda.so.1"}})
-    build = inspect_build(exe, ldd=ldd)  # type: ignore[arg-type]
+    build = inspect_build(exe, ldd=ldd)
     assert (build.cuda_major, build.cpu_variant) == (12, "common_cpus")
 
 
 def test_no_ldd_means_unchecked_but_runnable(tmp_path: Path) -> None:
     exe = _engine_dir(tmp_path)
-    build = inspect_build(exe, ldd=_ldd({"llama-server": LddError("no ldd")}))  # type: ignore[arg-type]
+    build = inspect_build(exe, ldd=_ldd({"llama-server": LddError("no ldd")}))
     assert build.runnable
     assert not build.libraries_checked
 
@@ -218,11 +219,11 @@ def test_list_devices_is_asked_only_of_runnable_builds(tmp_path: Path) -> None:
         asked.append(path)
         return (ListedDevice("CUDA0", "G", 100, 50),)
 
-    ok = inspect_build(exe, ldd=_ldd({"llama-server": {}}), list_devices=listing)  # type: ignore[arg-type]
+    ok = inspect_build(exe, ldd=_ldd({"llama-server": {}}), list_devices=listing)
     assert ok.devices == (ListedDevice("CUDA0", "G", 100, 50),)
     broken = inspect_build(
         exe,
-        ldd=_ldd({"llama-server": {"libcudart.so.12": None}}),  # type: ignore[arg-type]
+        ldd=_ldd({"llama-server": {"libcudart.so.12": None}}),
         list_devices=listing,
     )
     assert broken.devices is None
@@ -235,6 +236,6 @@ def test_list_devices_failure_is_kept(tmp_path: Path) -> None:
     def listing(path: Path) -> tuple[ListedDevice, ...]:
         raise DeviceListError("no 'Available devices:' line")
 
-    build = inspect_build(exe, ldd=_ldd({"llama-server": {}}), list_devices=listing)  # type: ignore[arg-type]
+    build = inspect_build(exe, ldd=_ldd({"llama-server": {}}), list_devices=listing)
     assert build.devices is None
     assert build.devices_error == "no 'Available devices:' line"

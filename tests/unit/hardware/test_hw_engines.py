@@ -21,7 +21,9 @@ AVX512 = frozenset({"avx", "avx2", "avx512f", "fma", "f16c"})
 AVX2 = frozenset({"avx", "avx2", "fma", "f16c"})
 
 
-def host(*gpu_gib: float, driver: str | None = "550.54.14", cpu: frozenset[str] = AVX512) -> HostFacts:
+def host(
+    *gpu_gib: float, driver: str | None = "550.54.14", cpu: frozenset[str] = AVX512
+) -> HostFacts:
     return HostFacts("linux", "x86_64", cpu, gpu_report(*gpu_gib, driver=driver))
 
 
@@ -106,7 +108,10 @@ def test_a_failing_list_devices_rules_a_build_out() -> None:
 
 def test_cuda_reasons() -> None:
     ok = judge(CUDA12, host(24))
-    assert (ok.category, ok.reason) == ("cuda-cu12.0", "CUDA 12: NVIDIA driver 550.54.14 >= 525.60.13")
+    assert (ok.category, ok.reason) == (
+        "cuda-cu12.0",
+        "CUDA 12: NVIDIA driver 550.54.14 >= 525.60.13",
+    )
     old = judge(CUDA13, host(24))
     assert old.category == "x64"
     assert old.fallback
@@ -155,7 +160,9 @@ def test_vulkan_memory_from_its_own_device_list() -> None:
     c = choose_engine([CPU, small], host())
     assert c.build is CPU
     assert not c.enough_gpu_memory
-    assert "the largest GPU has 2.0 GiB: Vulkan and other non-CUDA GPU builds rank below" in c.reason
+    assert (
+        "the largest GPU has 2.0 GiB: Vulkan and other non-CUDA GPU builds rank below" in c.reason
+    )
 
 
 def test_vulkan_needs_a_device() -> None:

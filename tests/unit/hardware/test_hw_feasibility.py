@@ -71,7 +71,7 @@ def test_gpu_then_hybrid_then_red() -> None:
 
 
 def test_gpus_are_summed_with_one_reserve() -> None:
-    fit = feasibility(30 * GIB, ram_total=64 * GIB, gpu_totals=[16 * GIB, 16 * GIB])
+    fit = feasibility(29 * GIB, ram_total=64 * GIB, gpu_totals=[16 * GIB, 16 * GIB])
     assert fit.usable_vram == 32 * GIB - RESERVE
     assert fit.colour is G
 
@@ -98,9 +98,10 @@ def test_more_memory_needed_never_improves_the_colour(
 ) -> None:
     order = {G: 0, Y: 1, R: 2}
     lo, hi = sorted((a, b))
-    assert order[feasibility(lo, ram_total=ram, gpu_totals=gpus).colour] <= order[
-        feasibility(hi, ram_total=ram, gpu_totals=gpus).colour
-    ]
+    assert (
+        order[feasibility(lo, ram_total=ram, gpu_totals=gpus).colour]
+        <= order[feasibility(hi, ram_total=ram, gpu_totals=gpus).colour]
+    )
 
 
 def test_explain() -> None:
@@ -197,4 +198,9 @@ def test_unknown_trained_context(tmp_path: Path) -> None:
     assert facts.context_length is None
     assert context_for(preset(), facts) == (4096, "fit-ctx, the least fit may choose")
     with pytest.raises(ValueError, match="trained context"):
-        context_for(preset((FIT, "off"),), facts)
+        context_for(
+            preset(
+                (FIT, "off"),
+            ),
+            facts,
+        )

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from troupe.hardware import DeviceListError, ListedDevice, parse_list_devices, run_list_devices
+from troupe.hardware.listdevices import Runner
 
 
 @pytest.mark.engine
@@ -90,7 +91,7 @@ def test_no_header_is_an_error(out: str) -> None:
 
 def _runner(
     stdout: str = "", stderr: str = "", code: int = 0, exc: Exception | None = None
-) -> object:
+) -> Runner:
     def run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
         assert argv[1:] == ["--list-devices"]
         assert timeout == 30.0
@@ -103,14 +104,14 @@ def _runner(
 
 def test_run_parses_stdout() -> None:
     run = _runner("Available devices:\n  CUDA0: G (100 MiB, 50 MiB free)\n")
-    (dev,) = run_list_devices(Path("/x/llama-server"), run=run)  # type: ignore[arg-type]
+    (dev,) = run_list_devices(Path("/x/llama-server"), run=run)
     assert dev.id == "CUDA0"
 
 
 def test_run_failure_names_the_last_stderr_line() -> None:
     run = _runner(stderr="loading\nerror while loading shared libraries: libcuda.so.1\n", code=127)
     with pytest.raises(DeviceListError, match=r"exit code 127\): error while loading .*libcuda"):
-        run_list_devices(Path("/x/llama-server"), run=run)  # type: ignore[arg-type]
+        run_list_devices(Path("/x/llama-server"), run=run)
 
 
 @pytest.mark.parametrize(
@@ -122,4 +123,4 @@ def test_run_failure_names_the_last_stderr_line() -> None:
 )
 def test_run_that_cannot_finish(exc: Exception, words: str) -> None:
     with pytest.raises(DeviceListError, match=words):
-        run_list_devices(Path("/x/llama-server"), run=_runner(exc=exc))  # type: ignore[arg-type]
+        run_list_devices(Path("/x/llama-server"), run=_runner(exc=exc))
