@@ -36,7 +36,9 @@ def test_router_config_and_its_presets(table: OptionTable, tmp_path: Path) -> No
 
 
 def test_demo_preset(table: OptionTable) -> None:
-    settings = build_settings(table, {}, {}, {"LLAMA_ARG_MODELS_PRESET": str(ROOT / "configs" / "demo.ini")})
+    settings = build_settings(
+        table, {}, {}, {"LLAMA_ARG_MODELS_PRESET": str(ROOT / "configs" / "demo.ini")}
+    )
     catalog = build_catalog(settings, table, {}, ROOT)
     assert catalog.names == ("gemma-3-270m",)
     entry = catalog.get("gemma-3-270m")

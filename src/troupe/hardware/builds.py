@@ -186,6 +186,36 @@ def _dynamic_backends(directory: Path, linked: set[str]) -> list[Path]:
     return list(out.values())
 
 
+def _load_dynamic(
+    libs: list[Path], ldd: Ldd, check: bool
+) -> tuple[set[Backend], dict[str, str | None], dict[str, tuple[str, ...]]]:
+    """The backends among `libs` that will load, their dependencies, and the ones that
+    will not (with the missing libraries). Without a working ldd (`check` False) a
+    backend file's presence is all there is to go on."""
+    backends: set[Backend] = set()
+    found: dict[str, str | None] = {}
+    skipped: dict[str, tuple[str, ...]] = {}
+    for lib in libs:
+        backend = _backend_of(lib.name)
+        if backend is None:
+            continue
+        if not check:
+            backends.add(backend)
+            continue
+        try:
+            deps = dict(ldd(lib))
+        except LddError as exc:
+            skipped[lib.name] = (str(exc),)
+            continue
+        absent = tuple(n for n, p in deps.items() if p is None)
+        if absent:
+            skipped[lib.name] = absent
+        else:
+            backends.add(backend)
+            found.update(deps)
+    return backends, found, skipped
+
+
 def inspect_build(
     path: Path,
     label: str | None = None,
@@ -210,23 +240,11 @@ def inspect_build(
         checked = True
     missing = tuple(n for n, p in libs.items() if p is None)
     backends = {b for n in libs if (b := _backend_of(n)) is not None}
-    all_libs = dict(libs)
-    skipped: dict[str, tuple[str, ...]] = {}
-    linked = {str(Path(p).resolve()) for p in libs.values() if p}
     directory = path.resolve().parent
-    for lib in _dynamic_backends(directory, linked):
-        backend = _backend_of(lib.name)
-        try:
-            deps = dict(ldd(lib))
-        except LddError as exc:
-            skipped[lib.name] = (str(exc),)
-            continue
-        absent = tuple(n for n, p in deps.items() if p is None)
-        if absent:
-            skipped[lib.name] = absent
-        elif backend is not None:
-            backends.add(backend)
-            all_libs.update(deps)
+    linked = {str(Path(p).resolve()) for p in libs.values() if p}
+    more, deps, skipped = _load_dynamic(_dynamic_backends(directory, linked), ldd, checked)
+    backends |= more
+    all_libs = {**libs, **deps}
     try:
         names = [e.name for e in directory.iterdir()]
     except OSError:

@@ -205,10 +205,17 @@ def test_cuda_major_from_the_name_when_the_runtime_is_static(tmp_path: Path) -> 
 
 
 def test_no_ldd_means_unchecked_but_runnable(tmp_path: Path) -> None:
-    exe = _engine_dir(tmp_path)
-    build = inspect_build(exe, ldd=_ldd({"llama-server": LddError("no ldd")}))
+    exe = _engine_dir(tmp_path, "libggml-cuda.so")
+
+    def no_ldd(path: Path) -> Mapping[str, str | None]:
+        raise LddError("ldd failed: No such file or directory")
+
+    build = inspect_build(exe, ldd=no_ldd)
     assert build.runnable
     assert not build.libraries_checked
+    # the backend file is all there is to go on: counted, not reported as broken
+    assert build.backends == {Backend.CUDA}
+    assert build.skipped_backends == {}
 
 
 def test_list_devices_is_asked_only_of_runnable_builds(tmp_path: Path) -> None:

@@ -513,13 +513,18 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(c.started for c in self.children.values()))
     @rule(
         i=st.integers(0, 50),
-        state=st.sampled_from(["loading", "ready", "ready", "sleeping", "bogus"]),
+        state=st.sampled_from(["ready", "loading", "ready", "sleeping", "crash", "bogus"]),
         loading=LOADING_PAYLOADS,
         ready=READY_PAYLOADS,
+        code=st.integers(0, 3),
     )
-    def child_reports(self, i: int, state: str, loading: Any, ready: Any) -> None:
+    def child_reports(self, i: int, state: str, loading: Any, ready: Any, code: int) -> None:
+        """A live child reports a state line, or dies on its own with some exit code."""
         assert self.core is not None
         model, child = self.pick(lambda c: c.started, i)
+        if state == "crash":
+            self.child_gone(model, child, code)
+            return
         payload = {"loading": loading, "ready": ready}.get(state, {})
         child.status = REPORTED.get(state, child.status)
         self.step(self.core.child_state(model, child.gen, state, payload, self.tick()))
@@ -532,12 +537,6 @@ class SchedulerMachine(RuleBasedStateMachine):
         if state == "ready" and payload:
             data["info"] = payload
         assert self.of_type(Emit) == [Emit(model, "status_change", data)]
-
-    @precondition(lambda self: any(c.started for c in self.children.values()))
-    @rule(i=st.integers(0, 50), code=st.integers(0, 3))
-    def child_crashes(self, i: int, code: int) -> None:
-        model, child = self.pick(lambda c: c.started, i)
-        self.child_gone(model, child, code)
 
     @precondition(lambda self: any(g >= 2 for g in self.gen.values()))
     @rule(
