@@ -66,6 +66,10 @@ def _main(args: list[str]) -> int:
         from troupe.commands.models import run_models  # noqa: PLC0415  (keeps start-up lean)
 
         return run_models(rest)
+    if command == "doctor":
+        from troupe.commands.doctor import run_doctor  # noqa: PLC0415
+
+        return run_doctor(rest)
     raise UsageError(f"unknown command '{command}' (try: troupe --help)")
 
 

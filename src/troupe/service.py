@@ -95,7 +95,8 @@ async def serve_router(
         urls = await nursery.start(serve_http, ctx)
         ctx.ready = True  # upstream: ready right after binding, before startup loads
         for url in urls:
-            log.info("listening on %s", url)
+            # Always shown, whatever the log level: with --port 0 it is how to find the port.
+            log.log(max(logging.INFO, log.getEffectiveLevel()), "listening on %s", url)
         task_status.started(urls)
         await ctx.load_on_startup()
 

@@ -136,3 +136,20 @@ def test_single_model_mode_execs_the_engine_with_the_same_arguments(fake_engine_
 def test_unknown_command() -> None:
     done = run_troupe("frobnicate")
     assert_one_line_error(done, "unknown command 'frobnicate'")
+
+
+def test_doctor_with_a_missing_engine_is_one_line() -> None:
+    done = run_troupe("doctor", "--engine", "/nonexistent/llama-server")
+    assert_one_line_error(done, "/nonexistent/llama-server")
+
+
+def test_doctor_reports_host_engine_and_models(fake_engine_path: Path, tmp_path: Path) -> None:
+    from troupe.testing import write_tiny_models  # noqa: PLC0415
+
+    write_tiny_models(tmp_path, ["doc-a"])
+    done = run_troupe("doctor", "--models-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "RAM" in done.stdout
+    assert "chosen" in done.stdout
+    assert "doc-a" in done.stdout
+    assert "GREEN" in done.stdout

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from troupe.catalog import Catalog, ModelEntry, build_catalog
+from troupe.catalog.facts import FactsCache
+from troupe.catalog.memory import model_need
 from troupe.cli import prepare_router
 from troupe.engine import find_engine, probe_engine
 from troupe.errors import ConfigError, EngineNotFound, UsageError
@@ -180,15 +182,20 @@ def _model_row(entry: ModelEntry, ram: int, gpus: list[int]) -> list[str]:
         est = estimate_memory(entry.preset, facts, mmproj)
     except ValueError as exc:
         return [name, size, "-", "-", f"cannot estimate: {exc}"]
-    fit = feasibility(est.total, ram_total=ram, gpu_totals=gpus)
+    # The same need the router admits models by: the estimate plus compute/output buffers.
+    need = model_need(entry, FactsCache())
+    total = sum(need.values()) if need else est.total
+    fit = feasibility(total, ram_total=ram, gpu_totals=gpus)
     context = f"{est.n_ctx} ({est.context_reason})"
     parts = f"weights {format_bytes(est.weights)} + KV {format_bytes(est.kv_cache)}"
     if est.mmproj:
         parts += f" + mmproj {format_bytes(est.mmproj)}"
+    if total > est.total:
+        parts += f" + buffers {format_bytes(total - est.total)}"
     colour = fit.colour.value
     if fit.colour is not Feasibility.GREEN:
         colour += f": {fit.explain()}"
-    return [name, size, context, f"{format_bytes(est.total)} ({parts})", colour]
+    return [name, size, context, f"{format_bytes(total)} ({parts})", colour]
 
 
 def _table(rows: list[list[str]]) -> list[str]:

@@ -16,15 +16,19 @@ from typing import Any
 
 import httpx
 
+from troupe.actors.memory import gpu_name
 from troupe.catalog import build_catalog
 from troupe.catalog.facts import FactsCache, human_bytes
+from troupe.catalog.memory import model_need
 from troupe.errors import ConfigError, UsageError
 from troupe.gguf import ModelFacts
+from troupe.hardware.devices import read_devices
+from troupe.hardware.feasibility import feasibility
 
 __all__ = ["model_rows", "run_models"]
 
 USAGE = "usage: troupe models [--url URL] [--json] [troupe serve flags...]"
-HEADERS = ("NAME", "SOURCE", "SIZE", "CONTEXT", "CAPABILITIES", "STATUS")
+HEADERS = ("NAME", "SOURCE", "SIZE", "CONTEXT", "CAPABILITIES", "FIT", "STATUS")
 
 
 def _take(args: list[str], flag: str) -> str | None:
@@ -77,8 +81,18 @@ def model_rows(argv: Sequence[str]) -> tuple[list[dict[str, Any]], str, tuple[st
     except ConfigError as exc:
         raise ConfigError(f"failed to initialize router models: {exc}") from None
     rows = []
+    devices = read_devices()
+    gpus = tuple(gpu_name(g.index) for g in devices.gpus)
     for entry in catalog.visible():
         f = facts.facts(entry.model_path)
+        need = model_need(entry, facts, gpus)
+        fit = None
+        if need:
+            fit = feasibility(
+                sum(need.values()),
+                ram_total=devices.host.total,
+                gpu_totals=[g.total for g in devices.gpus],
+            )
         rows.append(
             {
                 "name": entry.name,
@@ -87,6 +101,8 @@ def model_rows(argv: Sequence[str]) -> tuple[list[dict[str, Any]], str, tuple[st
                 "context": f.context_length if isinstance(f, ModelFacts) else None,
                 "capabilities": _capabilities(f, entry.architecture.input_modalities),
                 "aliases": list(entry.sorted_aliases),
+                "need_bytes": sum(need.values()) if need else None,
+                "fit": str(fit.colour) if fit else "?",
             }
         )
     host = settings.hosts[0]
@@ -118,6 +134,7 @@ def run_models(args: list[str]) -> int:
             human_bytes(r["size_bytes"]),
             str(r["context"] or "?"),
             r["capabilities"],
+            r["fit"],
             r["status"],
         )
         for r in rows

@@ -60,11 +60,13 @@ class RouterContext:
         self.catalog = catalog
         self.environ = environ
         self.facts = facts or FactsCache()
+        self._rejections = self._find_rejections(catalog)
         self.fake_timing = bool(environ.get(FAKE_TIMING_ENV))
         # Memory admission: devices read once for the estimates' layout, then sampled
         # whenever the scheduler needs a fresh reading.
         self._reader = DeviceReader("auto" if use_nvml else None)
-        self.gpus = tuple(gpu_name(g.index) for g in self._reader.read().gpus)
+        self.devices = self._reader.read()  # totals for feasibility; free memory is sampled
+        self.gpus = tuple(gpu_name(g.index) for g in self.devices.gpus)
         state_dir = settings.state_dir or default_state_dir()
         self.observed = ObservedStore(state_dir / "observed-memory.json")
         margin = settings.memory_margin_bytes
@@ -183,6 +185,7 @@ class RouterContext:
                 )
             )
             self.catalog = fresh
+            self._rejections = self._find_rejections(fresh)
             self._last_args = {k: v for k, v in self._last_args.items() if k in fresh}
             await self.scheduler.finish_reload(tuple(self.model_configs(fresh)))
 
@@ -197,9 +200,17 @@ class RouterContext:
         )
 
     def rejection(self, entry: ModelEntry) -> str | None:
-        """Why ``entry`` cannot run as a text model (a CLIP projector file), or None."""
-        facts = self.facts.facts(entry.model_path)
-        return facts.rejection if isinstance(facts, ModelFacts) else None
+        """Why ``entry`` cannot run as a text model (a CLIP projector file), or None.
+        Worked out once per catalogue: no file system access on the request path."""
+        return self._rejections.get(entry.name)
+
+    def _find_rejections(self, catalog: Catalog) -> dict[str, str]:
+        out = {}
+        for entry in catalog:
+            facts = self.facts.facts(entry.model_path)
+            if isinstance(facts, ModelFacts) and facts.rejection:
+                out[entry.name] = facts.rejection
+        return out
 
     def _changed(self, name: str, fresh: Catalog) -> bool:
         old, new = self.catalog.get(name), fresh.get(name)

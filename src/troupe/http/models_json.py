@@ -6,6 +6,7 @@ from typing import Any
 
 from troupe.catalog import ModelEntry
 from troupe.catalog.facts import facts_json
+from troupe.hardware.feasibility import feasibility
 from troupe.http.context import RouterContext
 from troupe.sched import ModelView
 
@@ -49,6 +50,23 @@ def _extras(view: ModelView | None, now: float) -> dict[str, Any]:
     }
 
 
+def _memory(ctx: RouterContext, view: ModelView | None) -> dict[str, Any] | None:
+    need = view.memory_need if view is not None else None
+    if not need:
+        return None
+    report = feasibility(
+        sum(need.values()),
+        ram_total=ctx.devices.host.total,
+        gpu_totals=[g.total for g in ctx.devices.gpus],
+    )
+    return {
+        "need_bytes": dict(need),
+        "used_bytes": dict(view.memory_used) if view and view.memory_used else None,
+        "feasibility": str(report.colour),
+        "why": report.explain(),
+    }
+
+
 def model_item(ctx: RouterContext, entry: ModelEntry, created: int, now: float) -> dict[str, Any]:
     view = ctx.scheduler.snapshot.models.get(entry.name)
     status: dict[str, Any] = {
@@ -76,6 +94,7 @@ def model_item(ctx: RouterContext, entry: ModelEntry, created: int, now: float) 
             item.setdefault(key, value)
     extras = _extras(view, now)
     extras["gguf"] = facts_json(ctx.facts.facts(entry.model_path))
+    extras["memory"] = _memory(ctx, view)
     item[EXTRA_KEY] = extras
     return item
 
