@@ -25,6 +25,17 @@ from troupe.sched import (
 )
 
 
+UPSTREAM_EVENTS = ("model_status", "status_change")
+
+
+def is_troupe_extra(e: Effect) -> bool:
+    """troupe's own effects beyond upstream's: its SSE events (``troupe_*``, reloads) and
+    memory sampling. The example tests check upstream's behaviour and ignore these."""
+    if isinstance(e, Emit):
+        return e.event not in UPSTREAM_EVENTS
+    return not isinstance(e, Spawn | Stop | Reply)
+
+
 def spawns(effects: Iterable[Effect]) -> list[Spawn]:
     return [e for e in effects if isinstance(e, Spawn)]
 
@@ -79,6 +90,7 @@ class Bench:
         self._rids = itertools.count(1)
         self._ports = itertools.count(40001)
         self.gen: dict[str, int] = {}  # last Spawn seen per model
+        self.extra: list[Effect] = []  # troupe's own effects from the last event
         self.port: dict[str, int] = {}
 
     # ----- bookkeeping ------------------------------------------------------------------
@@ -91,9 +103,12 @@ class Bench:
         return self.now
 
     def _seen(self, effects: list[Effect]) -> list[Effect]:
+        """Record spawns; set troupe's own events aside (`self.extra`) so that tests see
+        what upstream would do: Spawn, Stop, Reply and upstream's SSE events."""
         for s in spawns(effects):
             self.gen[s.model] = s.gen
-        return effects
+        self.extra = [e for e in effects if is_troupe_extra(e)]
+        return [e for e in effects if not is_troupe_extra(e)]
 
     def status(self, model: str) -> Status:
         return self.core.snapshot().models[model].status

@@ -1,0 +1,135 @@
+"""The pooled HTTP/1.1 client the relay uses to talk to children, over real sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+import pytest
+import trio
+import trio.testing
+
+from troupe.proxy.upstream import UpstreamError, UpstreamPool
+
+Handler = Callable[[trio.SocketStream, int], Awaitable[None]]
+
+
+async def read_request(stream: trio.SocketStream) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(rest) < length:
+        rest += await stream.receive_some(65536)
+    return head + b"\r\n\r\n" + rest
+
+
+async def serve(nursery: trio.Nursery, handler: Handler) -> tuple[int, list[int]]:
+    """A TCP server calling ``handler(stream, connection_number)``; returns its port and
+    the list of connection numbers seen (one per accepted connection)."""
+    seen: list[int] = []
+
+    async def on_connection(stream: trio.SocketStream) -> None:
+        seen.append(len(seen) + 1)
+        async with stream:
+            await handler(stream, seen[-1])
+
+    listeners = await nursery.start(partial(trio.serve_tcp, on_connection, 0, host="127.0.0.1"))
+    return listeners[0].socket.getsockname()[1], seen
+
+
+async def keep_alive(stream: trio.SocketStream, _: int) -> None:
+    while await read_request(stream):
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+
+async def read_all(pool: UpstreamPool, port: int, body: bytes = b"") -> tuple[int, bytes]:
+    resp = await pool.request(port, "POST", "/x", [(b"host", b"h")], body)
+    data = b"".join([c async for c in resp.chunks()])
+    await resp.aclose()
+    return resp.status_code, data
+
+
+async def test_keep_alive_connections_are_reused() -> None:
+    async with trio.open_nursery() as nursery:
+        port, seen = await serve(nursery, keep_alive)
+        pool = UpstreamPool()
+        for _ in range(3):
+            assert await read_all(pool, port, b"{}") == (200, b"ok")
+        assert seen == [1]
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_the_child_closed_is_retried_once_on_a_new_one() -> None:
+    async def one_answer_then_close(stream: trio.SocketStream, _: int) -> None:
+        await read_request(stream)
+        # Says keep-alive, closes anyway (llama-server after an SSE stream).
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+        )
+
+    async with trio.open_nursery() as nursery:
+        port, seen = await serve(nursery, one_answer_then_close)
+        pool = UpstreamPool()
+        assert await read_all(pool, port) == (200, b"ok")
+        await trio.testing.wait_all_tasks_blocked()
+        assert await read_all(pool, port) == (200, b"ok")
+        assert seen == [1, 2]
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_break_mid_body_is_an_upstream_error() -> None:
+    async def truncated(stream: trio.SocketStream, _: int) -> None:
+        await read_request(stream)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+
+    async with trio.open_nursery() as nursery:
+        port, _ = await serve(nursery, truncated)
+        pool = UpstreamPool()
+        resp = await pool.request(port, "GET", "/", [(b"host", b"h")], b"")
+        with pytest.raises(UpstreamError):
+            _ = [c async for c in resp.chunks()]
+        await resp.aclose()
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_nothing_listening_is_an_upstream_error() -> None:
+    with trio.socket.socket() as s:
+        await s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: refused
+        with pytest.raises(UpstreamError, match="Could not establish connection"):
+            await UpstreamPool().request(port, "GET", "/", [(b"host", b"h")], b"")
+
+
+async def test_an_unfinished_answer_closes_its_connection_instead_of_pooling_it() -> None:
+    async def streaming(stream: trio.SocketStream, _: int) -> None:
+        await read_request(stream)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        with pytest.raises(trio.BrokenResourceError):
+            while True:
+                await stream.send_all(b"5\r\nchunk\r\n")
+                await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        port, seen = await serve(nursery, streaming)
+        pool = UpstreamPool()
+        resp = await pool.request(port, "GET", "/", [(b"host", b"h")], b"")
+        async for chunk in resp.chunks():
+            assert chunk.startswith(b"chunk")
+            break
+        await resp.aclose()  # the server sees its writes fail: the client went away
+        await trio.testing.wait_all_tasks_blocked()
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
+    assert seen == [1]
