@@ -10,11 +10,12 @@ PROGRESS = {"stages": ["text_model"], "current": "text_model", "value": 0.25}
 INFO = {"id": "a", "object": "model", "owned_by": "llamacpp"}
 
 
-def test_spawn_emits_model_status_loading() -> None:
+def test_spawn_emits_model_status_loading_once() -> None:
+    # Upstream emits it in load(), as it spawns; the core may do so with the Spawn or
+    # when the child is up, but once, and before any status_change.
     b = Bench()
-    out = b.acquire(b.rid(), "a")
-    assert emits(out) == []  # nothing until the child is really there
-    assert emits(b.spawned("a")) == [Emit("a", "model_status", {"status": "loading"})]
+    out = b.acquire(b.rid(), "a") + b.spawned("a")
+    assert emits(out) == [Emit("a", "model_status", {"status": "loading"})]
 
 
 def test_loading_payload_is_sent_as_progress() -> None:
@@ -91,11 +92,20 @@ def test_exit_code_appears_only_with_unloaded() -> None:
         assert ("info" in e.data) <= (e.data["status"] == "loaded")
 
 
-def test_spawn_that_never_started_emits_nothing() -> None:
-    # Upstream's load() throws before notify_sse when the spawn fails.
+def test_spawn_that_never_started_reads_as_a_failed_load() -> None:
+    # Upstream's spawn is synchronous: a failure is a 500 to load()'s caller and no event.
+    # Here the child is started after the answer, so whatever SSE said must be closed:
+    # a "loading" is followed by "unloaded" with the exit code, and the model is failed.
     b = Bench()
-    b.acquire(b.rid(), "a")
-    assert emits(b.exited("a", 1, expected=False)) == []
+    out = b.acquire(b.rid(), "a")
+    out += b.exited("a", 1, expected=False)
+    said = emits(out)
+    if said:
+        assert said == [
+            Emit("a", "model_status", {"status": "loading"}),
+            Emit("a", "status_change", {"status": "unloaded", "exit_code": 1}),
+        ]
+    assert b.view("a").failed
 
 
 def test_unknown_child_state_is_ignored() -> None:

@@ -76,29 +76,37 @@ def test_queued_request_for_a_model_already_coming_up_evicts_nothing() -> None:
     assert grant_of(out, w).model == "b"
 
 
+def _x_queued_around_y(b: Bench) -> tuple[int, int, int]:
+    """h loads; x, y, x queue behind it (in that order); h comes up and x is claimed."""
+    wh, wx1, wy, wx2 = b.rid(), b.rid(), b.rid(), b.rid()
+    b.acquire(wh, "h")
+    b.acquire(wx1, "x")
+    b.acquire(wy, "y")
+    b.acquire(wx2, "x")
+    assert b.core.snapshot().queue == (("h", 1), ("x", 2), ("y", 1))
+    b.spawned("h")
+    out = b.ready("h")
+    assert [s.model for s in spawns(out)] == ["x"]
+    b.spawned("x")
+    return wx1, wy, wx2
+
+
 def test_next_entry_loads_as_soon_as_the_entry_ahead_empties() -> None:
-    # b's waiter arrives between two waiters for a. When a is ready both of a's waiters
-    # are granted and a's entry goes; b is the head now and nothing stops it loading.
-    b = Bench(models_max=0)
-    w1, w2, w3 = b.rid(), b.rid(), b.rid()
-    b.acquire(w1, "a")
-    b.acquire(w2, "b")
-    b.acquire(w3, "a")
-    b.spawned("a")
-    out = b.ready("a")
-    assert answered(out) == {w1, w3}
-    assert b.core.snapshot().queue == (("b", 1),)
-    assert spawns(out) == [Spawn("b", 1, 0.0)]
+    # When x is ready both its waiters are granted and x's entry goes; y is the head
+    # now and nothing stops it loading (no --models-max). The wake-up must not wait
+    # for some later, unrelated event.
+    b = Bench(["h", "x", "y"], models_max=0)
+    wx1, wy, wx2 = _x_queued_around_y(b)
+    out = b.ready("x")
+    assert answered(out) == {wx1, wx2}
+    assert b.core.snapshot().queue == (("y", 1),)
+    assert spawns(out) == [Spawn("y", 1, 0.0)]
 
 
 def test_next_entry_loads_when_the_entry_ahead_fails() -> None:
-    # Same, but a fails to load: no lease is left whose release would wake b later.
-    b = Bench(models_max=0)
-    w1, w2, w3 = b.rid(), b.rid(), b.rid()
-    b.acquire(w1, "a")
-    b.acquire(w2, "b")
-    b.acquire(w3, "a")
-    b.spawned("a")
-    out = b.exited("a", 1, expected=False)
-    assert answered(out) == {w1, w3}
-    assert spawns(out) == [Spawn("b", 1, 0.0)]
+    # Same, but x fails to load: no lease is left whose release would wake y later.
+    b = Bench(["h", "x", "y"], models_max=0)
+    wx1, wy, wx2 = _x_queued_around_y(b)
+    out = b.exited("x", 1, expected=False)
+    assert answered(out) == {wx1, wx2}
+    assert spawns(out) == [Spawn("y", 1, 0.0)]
