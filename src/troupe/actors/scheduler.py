@@ -92,6 +92,7 @@ class Scheduler:
         self._instances: dict[str, Instance] = {}
         self._nursery: trio.Nursery | None = None
         self._snapshot = core.snapshot()
+        self._stale = False  # the core changed since _snapshot was built
         self._watchers: list[tuple[Callable[[Snapshot], bool], trio.Event]] = []
         self._sampler = sampler
         self._remembered: dict[str, Mapping[str, int]] = {}
@@ -100,7 +101,12 @@ class Scheduler:
 
     @property
     def snapshot(self) -> Snapshot:
-        """The table as of the last message; immutable, safe to read from anywhere."""
+        """The table as of the last message; immutable, safe to read from anywhere.
+        Built when first read after a change, not after every message (the hot path
+        changes in-flight counts twice per request)."""
+        if self._stale:
+            self._snapshot = self._core.snapshot()
+            self._stale = False
         return self._snapshot
 
     @property
@@ -117,8 +123,8 @@ class Scheduler:
 
     async def wait_until(self, predicate: Callable[[Snapshot], bool]) -> Snapshot:
         """Wait (no polling) until a published snapshot satisfies ``predicate``."""
-        if predicate(self._snapshot):
-            return self._snapshot
+        if predicate(self.snapshot):
+            return self.snapshot
         event = trio.Event()
         entry = (predicate, event)
         self._watchers.append(entry)
@@ -127,7 +133,7 @@ class Scheduler:
         finally:
             if entry in self._watchers:
                 self._watchers.remove(entry)
-        return self._snapshot
+        return self.snapshot
 
     @contextmanager
     def subscribe(self) -> Iterator[trio.MemoryReceiveChannel[dict[str, Any]]]:
@@ -345,8 +351,8 @@ class Scheduler:
                 self._launcher.remember_memory(model, used)
 
     def _publish(self) -> None:
-        self._snapshot = self._core.snapshot()
+        self._stale = True
         for predicate, event in list(self._watchers):
-            if predicate(self._snapshot):
+            if predicate(self.snapshot):
                 event.set()
                 self._watchers.remove((predicate, event))

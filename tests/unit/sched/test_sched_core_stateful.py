@@ -41,6 +41,7 @@ from troupe.sched import (
     Grant,
     ModelConfig,
     Reply,
+    SampleMemory,
     SchedulerCore,
     Spawn,
     Status,
@@ -69,8 +70,9 @@ class Child:
     """One child as its instance actor sees it."""
 
     gen: int
+    delayed: bool = False  # LLAMA_SERVER_DEBUG_FAKE_TIMING: "loading" only once started
     started: bool = False  # False: the Spawn is still being carried out
-    status: Status = Status.UNLOADED  # last status the child reported (once started)
+    status: Status = Status.UNLOADED  # what the table must say (a start says "loading")
     port: int = 0
     stop: Stop | None = None  # a Stop the actor is carrying out
 
@@ -102,6 +104,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.answered: set[int] = set()
         self.left: set[int] = set()
         self.prev_entries: list[Any] = []
+        self.queue_seen: dict[str, tuple[int, int]] = {}
+        self.direct_victims: dict[int, tuple[str, int]] = {}  # load rid -> victim, its gen
+        self.reloading = False
         self.out: list[Effect] = []
         self.clean = True
 
@@ -117,6 +122,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         pins=st.lists(st.sampled_from([False, False, True]), min_size=5, max_size=5),
         ttls=st.lists(st.sampled_from([None, None, 5.0, 30.0]), min_size=5, max_size=5),
         warm=st.lists(st.booleans(), min_size=5, max_size=5),
+        fake_timing=st.sampled_from([False, False, True]),
+        queue_max=st.sampled_from([0, 0, 3]),
     )
     def setup(
         self,
@@ -125,6 +132,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         pins: list[bool],
         ttls: list[float | None],
         warm: list[bool],
+        fake_timing: bool,
+        queue_max: int,
     ) -> None:
         # A pinned model never also has a TTL here: which of the two wins is a policy
         # question, not one of the invariants checked.
@@ -135,8 +144,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.configs = {c.name: c for c in configs}
         self.names = [c.name for c in configs]
         self.models_max = models_max
+        self.fake_timing = fake_timing
+        self.queue_max = queue_max
         self.core = SchedulerCore(
-            configs, models_max, crash_limit=CRASH_LIMIT, crash_window=CRASH_WINDOW
+            configs,
+            models_max,
+            crash_limit=CRASH_LIMIT,
+            crash_window=CRASH_WINDOW,
+            fake_timing=fake_timing,
+            queue_max=queue_max,
         )
         self.gen = dict.fromkeys(self.names, 0)
         self.crashes = {name: [] for name in self.names}
@@ -193,6 +209,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         stop_all_answered = False
         loads_done: list[str] = []
         for e in effects:
+            assert not isinstance(e, SampleMemory), f"no memory ledger, yet {e}"
             if isinstance(e, Spawn):
                 self.on_spawn(e)
             elif isinstance(e, Stop):
@@ -210,6 +227,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if stop_all_answered:
             assert not self.children, f"shutdown answered while {self.children} run"
         self.check_claims(loads_done)
+        self.check_troupe_events()
         self.check_stops([e for e in effects if isinstance(e, Stop)], direct_load)
         self.check_nothing_left_undone()
         return effects
@@ -226,14 +244,46 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert entries and entries[0].model == e.model, f"{e} but the head is {entries}"
             assert entries[0].loading, f"{e} from an entry not marked loading: {entries}"
 
+    def check_troupe_events(self) -> None:
+        """troupe's own SSE events: ``troupe_evict`` with each stop the scheduler decided
+        on, ``troupe_queue`` whenever an entry's waiters or position changed."""
+        assert self.core is not None
+        evicts = [e for e in self.of_type(Emit) if e.event == "troupe_evict"]
+        decided = [
+            s for s in self.of_type(Stop) if s.reason.startswith(("lru for ", "ttl", "memory"))
+        ]
+        assert sorted((e.model, (e.data or {}).get("reason")) for e in evicts) == sorted(
+            (s.model, s.reason) for s in decided
+        ), (evicts, decided)
+        now_seen = {e.model: (e.waiters, i + 1) for i, e in enumerate(self.core._queue.entries)}
+        queue_events = {
+            e.model: e.data for e in self.of_type(Emit) if e.event == "troupe_queue"
+        }
+        changed = {
+            m: now_seen.get(m)
+            for m in now_seen.keys() | self.queue_seen.keys()
+            if now_seen.get(m) != self.queue_seen.get(m)
+        }
+        assert set(queue_events) == set(changed), (queue_events, changed)
+        for m, state in changed.items():
+            waiters, position = state if state is not None else (0, None)
+            assert queue_events[m] == {"waiting": waiters, "position": position}
+        self.queue_seen = now_seen
+
     def on_spawn(self, e: Spawn) -> None:
         assert not self.closing, f"spawn during shutdown: {e}"
+        assert not self.reloading, f"spawn while a reload is under way: {e}"
         assert e.model in self.configs, e
         assert e.model not in self.children, f"second child for {e.model}: {e}"
         assert e.gen > self.gen[e.model], f"generation did not grow: {e}"
-        assert e.delay == 0.0
+        assert e.delay in ((0.0, 2.0) if self.fake_timing else (0.0,)), e
         self.gen[e.model] = e.gen
-        self.children[e.model] = Child(e.gen)
+        delayed = e.delay > 0
+        status = Status.UNLOADED if delayed else Status.LOADING
+        self.children[e.model] = Child(e.gen, delayed=delayed, status=status)
+        if not delayed:  # upstream's load() says "loading" as it spawns
+            said = [x for x in self.of_type(Emit) if x.model == e.model]
+            assert Emit(e.model, "model_status", {"status": "loading"}) in said, self.out
 
     def on_stop(self, e: Stop) -> None:
         child = self.children.get(e.model)
@@ -269,6 +319,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert ask.kind in ("load", "unload", "stop_all"), (ask, e)
 
     def on_emit(self, e: Emit) -> None:
+        if e.event.startswith("troupe_"):
+            return  # checked as a whole by check_troupe_events
+        if e.event == "models_reload":
+            assert (e.model, e.data) == ("*", None), e
+            return
         assert e.model in self.configs, e
         assert e.event in ("model_status", "status_change"), e
         assert e.data is not None
@@ -355,7 +410,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         core = self.core
         entries = core._queue.entries
         has_slot = core.models_max <= 0 or core.running_count() < core.models_max
-        if entries and not entries[0].loading and has_slot:
+        if entries and not entries[0].loading and has_slot and not core._reloading:
             m = core._models[entries[0].model]
             held = m.held_until is not None and self.now < m.held_until
             if m.status is Status.UNLOADED and not m.spawn_pending and not held:
@@ -365,8 +420,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             victim = pick_victim(core._models, core._queue)
             assert victim is None, f"{need} slots needed and {victim} is idle: {entries}"
         for rid, d in core._direct.items():
-            assert core._models[d.victim].status is not Status.UNLOADED, (
-                f"load {rid} still waits for {d.victim}, which is gone"
+            if d.victim is None:
+                assert core._reloading, f"load {rid} parked with no victim and no reload"
+                continue
+            child = self.children.get(d.victim)
+            gen = child.gen if child is not None else None
+            victim, seen_gen = self.direct_victims.setdefault(rid, (d.victim, gen or -1))
+            assert (victim, gen) == (d.victim, seen_gen), (
+                f"load {rid} still waits for {d.victim}, whose child {seen_gen} is gone"
             )
 
     # ----- clients -------------------------------------------------------------------------
@@ -376,6 +437,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.core is not None
         model = self.names[i % len(self.names)]
         child = self.children.get(model)
+        waiting_before = sum(1 for a in self.waiting.values() if a.kind == "acquire")
         rid = self.ask("acquire", model, autoload)
         now = self.tick()
         held = child is None and self.held(model)
@@ -388,6 +450,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert [x.result for x in r] == [Failure.bad_request("model is not loaded")]
             elif child.started:
                 assert len(r) == 1 and isinstance(r[0].result, Grant), r
+            elif not child.delayed:  # "loading" but no port yet: the child's own answer
+                assert [x.result.status for x in r] == [503], r  # type: ignore[union-attr]
         elif (
             child is not None
             and child.started
@@ -402,6 +466,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         elif held:
             assert len(r) == 1 and isinstance(r[0].result, Failure), r
             assert r[0].result.status == 503, r
+        elif self.queue_max > 0 and waiting_before >= self.queue_max:
+            assert len(r) == 1 and isinstance(r[0].result, Failure), r
+            assert r[0].result.status == 503 and r[0].result.retry_after, r
         else:
             assert r == [], f"{model} is not ready, yet {rid} was answered at once: {r}"
 
@@ -456,6 +523,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert r == [Failure.not_found("model is not found")]
             elif child is not None:
                 assert r == [Failure.bad_request("model is already running")]
+            elif self.reloading:  # upstream's load() waits for the reload to finish
+                assert r == [], r
             elif r and r[0] is None:
                 assert [s.model for s in self.of_type(Spawn)] == [model], self.out
             elif r:
@@ -469,8 +538,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         stops = self.of_type(Stop)
         if model not in self.configs:
             assert r == [Failure.bad_request("model is not found")]
-        elif child is None:
+        elif child is None or not child.status.is_running:
+            # nothing runs yet (or, under fake timing, not yet: upstream sleeps first)
             assert r == [Failure.bad_request("model is not running")]
+            assert stops == []
         else:
             assert r == [None], r
             if not had_stop:
@@ -509,9 +580,16 @@ class SchedulerMachine(RuleBasedStateMachine):
     def start_child(self, model: str, child: Child) -> None:
         assert self.core is not None
         port = next(self.ports)
-        child.started, child.status, child.port = True, Status.LOADING, port
+        said_loading = child.status is Status.LOADING
+        child.started, child.port = True, port
+        if child.status is Status.UNLOADED:
+            child.status = Status.LOADING
         self.step(self.core.spawned(model, child.gen, port, port + 1, self.tick()))
-        assert self.of_type(Emit) == [Emit(model, "model_status", {"status": "loading"})]
+        upstream = [e for e in self.of_type(Emit) if e.event in ("model_status", "status_change")]
+        if said_loading:
+            assert upstream == [], "loading was announced with the Spawn"
+        else:
+            assert upstream == [Emit(model, "model_status", {"status": "loading"})]
 
     def child_gone(self, model: str, child: Child, code: int) -> None:
         assert self.core is not None
@@ -521,8 +599,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not expected:
             self.crashes[model].append(now)
         self.step(self.core.exited(model, child.gen, code, now, expected=expected))
-        emitted = self.of_type(Emit)
-        if child.started:
+        emitted = [e for e in self.of_type(Emit) if e.event in ("model_status", "status_change")]
+        if child.status.is_running:
             assert emitted == [
                 Emit(model, "status_change", {"status": "unloaded", "exit_code": code})
             ]
@@ -563,7 +641,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             data["progress"] = payload
         if state == "ready" and payload:
             data["info"] = payload
-        assert self.of_type(Emit) == [Emit(model, "status_change", data)]
+        upstream = [e for e in self.of_type(Emit) if e.event in ("model_status", "status_change")]
+        assert upstream == [Emit(model, "status_change", data)]
 
     @precondition(lambda self: any(g >= 2 for g in self.gen.values()))
     @rule(
@@ -585,6 +664,33 @@ class SchedulerMachine(RuleBasedStateMachine):
         else:
             out = self.core.child_state(model, old, event, {}, now)
         assert out == [], f"stale {event} of {model} gen {old} had effects {out}"
+
+    # ----- catalogue reload (§6.9) ---------------------------------------------------------
+
+    @precondition(lambda self: self.core is not None and not self.reloading)
+    @rule(restart=st.lists(st.integers(0, 4), max_size=2))
+    def reload_begins(self, restart: list[int]) -> None:
+        """A reload starts; the models whose preset changed are stopped."""
+        assert self.core is not None
+        names = sorted({self.names[i % len(self.names)] for i in restart})
+        to_stop = {n for n in names if n in self.children and self.children[n].stop is None}
+        self.reloading = True
+        self.step(self.core.begin_reload(names, self.tick()))
+        assert {(s.model, s.reason) for s in self.of_type(Stop)} == {
+            (n, "preset changed") for n in to_stop
+        }
+
+    @precondition(lambda self: self.reloading)
+    @rule()
+    def reload_finishes(self) -> None:
+        """The same catalogue comes back; loads held during the reload go on."""
+        assert self.core is not None
+        for name in self.names:
+            if name not in self.children:
+                self.crashes[name].clear()  # a reload clears "failed" and crash counts
+        self.reloading = False
+        self.step(self.core.finish_reload(list(self.configs.values()), self.tick()))
+        assert Emit("*", "models_reload") in self.out
 
     # ----- the clock -----------------------------------------------------------------------
 
@@ -677,14 +783,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         entries = self.core._queue.entries
         assert snap.queue == tuple((e.model, e.waiters) for e in entries)
         assert snap.models_max == self.models_max
-        assert snap.running == sum(1 for c in self.children.values() if c.started)
+        assert snap.running == sum(1 for c in self.children.values() if c.status.is_running)
         assert list(snap.models) == sorted(self.names)
         for name, v in snap.models.items():
             m = self.core._models[name]
             child = self.children.get(name)
-            if child is not None and child.started:
+            if child is not None:
                 assert v.status is child.status, (name, v.status, child)
-                assert v.port == child.port
+                if child.started:
+                    assert v.port == child.port
             else:
                 assert v.status is Status.UNLOADED, (name, v.status, child)
             assert v.stopping == (child is not None and child.stop is not None), (name, v, child)
@@ -728,6 +835,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if self.core is None or not self.clean:
             return  # a step already failed: let its error be the one reported
+        if self.reloading:
+            self.reload_finishes()
         self.settle_world()
         stuck = {r: a for r, a in self.waiting.items() if a.kind in ("acquire", "load")}
         if stuck:
