@@ -15,7 +15,7 @@ from pathlib import Path
 from troupe import __version__
 from troupe.cli_help import SERVE_HELP, TOP_HELP
 from troupe.engine import Engine, find_engine, probe_engine
-from troupe.errors import TroupeError, UsageError
+from troupe.errors import EngineNotFound, TroupeError, UsageError
 from troupe.settings.argv import normalise_flag, parse_engine_args
 from troupe.settings.config_file import config_options, load_config
 from troupe.settings.options import EngineOption, OptionTable, load_option_table
@@ -127,8 +127,12 @@ def prepare_router(args: Sequence[str]) -> tuple[Engine, OptionTable, RouterSett
     own, rest = split_troupe_flags(args)
     config_path = _own_flag(own, "--config") or os.environ.get("TROUPE_CONFIG")
     config = load_config(Path(config_path)) if config_path else None
-    engine_flag = _own_flag(own, "--engine") or (config.troupe.engine if config else None)
-    engine = probe_engine(*find_engine(engine_flag))
+    engines = _all_values(args, "--engine")
+    if len(engines) > 1:
+        engine = _choose_among(engines)
+    else:
+        engine_flag = _own_flag(own, "--engine") or (config.troupe.engine if config else None)
+        engine = probe_engine(*find_engine(engine_flag))
     table = with_router_options(load_option_table(engine.path))
     cli = parse_engine_args(rest, table)
     if _is_single_model(cli):
@@ -139,6 +143,27 @@ def prepare_router(args: Sequence[str]) -> tuple[Engine, OptionTable, RouterSett
         file_opts, file_own = config_options(config, table, Path(config_path).resolve().parent)
     settings = build_settings(table, cli, own, os.environ, file_opts, file_own)
     return engine, table, settings
+
+
+def _all_values(args: Sequence[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+
+
+def _choose_among(specs: list[str]) -> Engine:
+    """Several ``--engine [LABEL=]PATH`` builds: the best one this machine can run."""
+    from troupe.commands.doctor import engine_args, inspect_builds  # noqa: PLC0415
+    from troupe.hardware.devices import read_devices  # noqa: PLC0415
+    from troupe.hardware.engines import HostFacts, choose_engine  # noqa: PLC0415
+
+    engines, _ = engine_args([word for spec in specs for word in ("--engine", spec)])
+    builds, _versions = inspect_builds(engines)
+    choice = choose_engine(builds, HostFacts.detect(read_devices().gpu_report))
+    if choice.build is None:
+        raise EngineNotFound(
+            f"none of the {len(specs)} engine builds can run here: {choice.reason}"
+        )
+    log.info("engine build chosen: %s (%s)", choice.build.path, choice.reason)
+    return probe_engine(choice.build.path, "--engine")
 
 
 def _own_flag(own: dict[EngineOption, str], spelling: str) -> str | None:

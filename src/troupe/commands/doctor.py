@@ -58,7 +58,7 @@ besides GPU memory), RED (does not fit).
 _HELP = ("-h", "--help", "--usage")
 
 
-def _engine_args(args: Sequence[str]) -> tuple[list[tuple[str | None, str]], list[str]]:
+def engine_args(args: Sequence[str]) -> tuple[list[tuple[str | None, str]], list[str]]:
     """Every ``--engine [LABEL=]PATH`` (label, path), and the other arguments."""
     engines: list[tuple[str | None, str]] = []
     rest: list[str] = []
@@ -77,7 +77,9 @@ def _engine_args(args: Sequence[str]) -> tuple[list[tuple[str | None, str]], lis
     return engines, rest
 
 
-def _builds(engines: list[tuple[str | None, str]]) -> tuple[list[EngineBuild], dict[Path, str]]:
+def inspect_builds(
+    engines: list[tuple[str | None, str]],
+) -> tuple[list[EngineBuild], dict[Path, str]]:
     """Inspect every build; versions (or why `--version` failed) by path."""
     if engines:
         found = [(label, *find_engine(path)) for label, path in engines]  # bad path: error
@@ -231,12 +233,12 @@ def run_doctor(args: list[str]) -> int:
     if any(a in _HELP for a in args):
         print(DOCTOR_HELP)
         return 0
-    engines, rest = _engine_args(args)
+    engines, rest = engine_args(args)
     devices = read_devices()
     host = HostFacts.detect(devices.gpu_report)
     lines = ["troupe doctor", "", *_host_lines(devices, host)]
     try:
-        builds, versions = _builds(engines)
+        builds, versions = inspect_builds(engines)
     except EngineNotFound as exc:
         if engines:
             raise  # a path the user named is wrong: that is bad input
