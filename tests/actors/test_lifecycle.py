@@ -151,3 +151,22 @@ async def test_shutdown_stops_every_child(fake_router: RouterFactory) -> None:
             pids.append(snap.models[name].pid)
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_a_bug_in_one_models_actor_fails_that_model_only(fake_router: RouterFactory) -> None:
+    async with fake_router({"good": {}, "cursed": {}}) as router:
+        render = router.ctx.render_args
+
+        def broken(entry, port):  # type: ignore[no-untyped-def]
+            if entry.name == "cursed":
+                raise RuntimeError("a bug in rendering")
+            return render(entry, port)
+
+        router.ctx.render_args = broken  # type: ignore[method-assign]
+        with pytest.raises(ModelUnavailable) as caught:
+            async with router.ctx.scheduler.lease("cursed"):
+                pass
+        assert "troupe instance error" in caught.value.failure.message
+        assert "a bug in rendering" in caught.value.failure.message
+        async with router.ctx.scheduler.lease("good") as grant:
+            assert grant.port == router.snapshot.models["good"].port
