@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from troupe.engine import find_engine
 from troupe.errors import EngineNotFound
 from troupe.testing import write_fake_engine, write_tiny_models
+from troupe.testing.router import RouterFactory, RunningRouter, open_router, write_preset
 
 TINY_MODELS = ("tiny-a", "tiny-b", "tiny-c")
 
@@ -42,3 +44,23 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fake_engine_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An executable ``llama-server`` script that runs troupe's fake engine."""
     return write_fake_engine(tmp_path_factory.mktemp("fake-engine"))
+
+
+@pytest.fixture
+def fake_router(fake_engine_path: Path, tmp_path: Path) -> RouterFactory:
+    """``async with fake_router(sections, *args) as router``: troupe, in this test's Trio
+    run, in front of the fake engine, with a preset of ``{model: {key: value}}``."""
+
+    def factory(
+        sections: dict[str, dict[str, str]], *args: str, environ: dict[str, str] | None = None
+    ) -> AbstractAsyncContextManager[RunningRouter]:
+        preset = write_preset(tmp_path, sections)
+        return open_router(
+            ["--models-preset", str(preset), *args],
+            engine=fake_engine_path,
+            state_dir=tmp_path / "state",
+            cwd=tmp_path,
+            environ=environ,
+        )
+
+    return factory

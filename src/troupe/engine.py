@@ -18,6 +18,7 @@ from pathlib import Path
 import attrs
 
 from troupe.errors import EngineNotFound
+from troupe.procs import run_captured
 
 __all__ = ["Engine", "find_engine", "probe_engine"]
 
@@ -77,15 +78,7 @@ def find_engine(
 def probe_engine(path: Path, source: str, timeout: float = 30.0) -> Engine:
     """Run ``<engine> --version``; a binary that cannot even do that is unusable."""
     try:
-        done = subprocess.run(
-            [str(path), "--version"],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
+        done = run_captured([str(path), "--version"], timeout)
     except subprocess.TimeoutExpired:
         raise EngineNotFound(
             f"engine '{path}' did not answer --version within {timeout:g} s"

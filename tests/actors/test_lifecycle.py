@@ -11,6 +11,7 @@ import trio
 
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.sched import Status
+from troupe.testing.events import collect_until
 from troupe.testing.router import RouterFactory
 
 
@@ -25,13 +26,10 @@ async def test_load_ready_unload_exit_zero(fake_router: RouterFactory) -> None:
             snap = await router.wait_for_status("a", Status.UNLOADED)
             assert snap.models["a"].exit_code == 0
             assert not snap.models["a"].failed
-            seen = []
-            async for event in events:
-                if event["event"].startswith("troupe_"):
-                    continue  # troupe's own queue events
-                seen.append((event["event"], (event.get("data") or {}).get("status")))
-                if seen[-1] == ("status_change", "unloaded"):
-                    break
+            got = await collect_until(
+                events, lambda e: e.get("data") == {"status": "unloaded", "exit_code": 0}
+            )
+            seen = [(e["event"], (e.get("data") or {}).get("status")) for e in got]
         assert seen[0] == ("model_status", "loading")
         assert ("status_change", "loaded") in seen
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

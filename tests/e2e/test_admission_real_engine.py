@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from troupe.sched import Snapshot, Status
+from troupe.testing.events import drain
 from troupe.testing.router import RunningRouter, open_router
 
 pytestmark = pytest.mark.engine
@@ -77,11 +78,7 @@ async def test_b_waits_while_a_serves_and_both_succeed(
                 assert snap.models["tiny-a"].status is Status.LOADED  # not evicted while busy
                 assert not snap.models["tiny-a"].stopping
             evictions = []
-            while True:
-                try:
-                    event = events.receive_nowait()
-                except trio.WouldBlock:
-                    break
+            for event in drain(events):
                 if event["event"] == "troupe_evict":
                     evictions.append((event["model"], event["data"]["reason"]))
         assert sorted(results) == [("tiny-a", 200), ("tiny-b", 200)]
@@ -106,12 +103,7 @@ async def test_three_requests_for_a_missing_model_one_load_one_eviction(
             async with trio.open_nursery() as nursery:
                 for _ in range(3):
                     nursery.start_soon(complete, http, "tiny-b", results)
-            seen = []
-            while True:
-                try:
-                    seen.append(events.receive_nowait())
-                except trio.WouldBlock:
-                    break
+            seen = drain(events)
         assert results == [("tiny-b", 200)] * 3
         loads = [e for e in seen if e["event"] == "model_status" and e["model"] == "tiny-b"]
         evicts = [e for e in seen if e["event"] == "troupe_evict"]
@@ -167,11 +159,7 @@ async def test_two_models_queued_behind_a_busy_one_load_in_arrival_order(
                 assert snap.models["tiny-c"].queue_position == 1
                 assert snap.models["tiny-b"].queue_position == 2
             order = []
-            while True:
-                try:
-                    event = events.receive_nowait()
-                except trio.WouldBlock:
-                    break
+            for event in drain(events):
                 if event["event"] == "model_status":
                     order.append(event["model"])
         assert order == ["tiny-c", "tiny-b"]

@@ -1,6 +1,6 @@
 """Memory admission on this machine's real host RAM, with the real engine (issue 7).
 
-The models are tiny GGUFs made large enough to matter (about 150 MiB each in use).
+The models are tiny GGUFs made large enough to matter (about 300 MiB each in use).
 The margin is set from a fresh reading so that two models fit and a third does not,
 with half a model of slack either way, so memory other programs use while the test
 runs does not decide the outcome.
@@ -25,7 +25,7 @@ from troupe.testing.router import RunningRouter, open_router
 
 pytestmark = pytest.mark.engine
 
-BIG = TinyModel(name="big", n_layer=16, n_embd=512, n_head=8, n_head_kv=4, n_ff=2048, n_ctx=1024)
+BIG = TinyModel(name="big", n_layer=32, n_embd=512, n_head=8, n_head_kv=4, n_ff=2048, n_ctx=1024)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from troupe.sched import Status
+from troupe.testing.events import collect_until
 from troupe.testing.router import RunningRouter, open_router
 
 pytestmark = pytest.mark.engine
@@ -107,14 +108,11 @@ async def test_http_through_troupe(engine_path: Path, tiny_model_dir: Path, tmp_
             listed = {m["id"]: m for m in (await http.get("/models")).json()["data"]}
             assert listed["tiny-a"]["status"]["value"] == "unloaded"
 
-            seen = []
             with trio.fail_after(5):
-                async for event in events:
-                    if event["event"].startswith("troupe_"):
-                        continue  # troupe's own queue events
-                    seen.append((event["event"], (event.get("data") or {}).get("status")))
-                    if seen[-1] == ("status_change", "unloaded"):
-                        break
+                got = await collect_until(
+                    events, lambda e: (e.get("data") or {}).get("status") == "unloaded"
+                )
+            seen = [(e["event"], (e.get("data") or {}).get("status")) for e in got]
             assert seen[0] == ("model_status", "loading")
             assert ("status_change", "loaded") in seen
 

@@ -6,6 +6,7 @@ import httpx
 import trio
 
 from troupe.sched import Status
+from troupe.testing.events import drain
 from troupe.testing.router import RouterFactory
 
 
@@ -49,12 +50,7 @@ async def test_queue_and_eviction_events(fake_router: RouterFactory) -> None:
         with router.ctx.scheduler.subscribe() as events:
             await http.post("/completion", json={"model": "a", "prompt": "x"})
             await http.post("/completion", json={"model": "b", "prompt": "x"})
-            seen = []
-            while True:
-                try:
-                    seen.append(events.receive_nowait())
-                except trio.WouldBlock:
-                    break
+            seen = drain(events)
         queue = [(e["model"], e["data"]) for e in seen if e["event"] == "troupe_queue"]
         assert queue[0] == ("a", {"waiting": 1, "position": 1})
         assert queue[1] == ("a", {"waiting": 0, "position": None})

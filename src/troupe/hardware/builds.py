@@ -26,6 +26,7 @@ import attrs
 
 from troupe.hardware.host import machine_arch
 from troupe.hardware.listdevices import DeviceListError, ListedDevice
+from troupe.procs import run_captured
 
 __all__ = [
     "Backend",
@@ -85,15 +86,7 @@ def parse_ldd(text: str) -> dict[str, str | None]:
 def run_ldd(path: Path, timeout: float = 30.0) -> dict[str, str | None]:
     """``ldd <path>``, parsed. LddError when ldd is absent or refuses the file."""
     try:
-        done = subprocess.run(
-            ["ldd", str(path)],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
+        done = run_captured(["ldd", str(path)], timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LddError(f"ldd failed on {path}: {exc}") from None
     if done.returncode != 0:

@@ -24,6 +24,7 @@ from pathlib import Path
 import attrs
 
 from troupe.errors import TroupeError
+from troupe.procs import run_captured
 
 __all__ = [
     "DeviceListError",
@@ -126,20 +127,8 @@ def parse_list_devices(stdout: str) -> tuple[ListedDevice, ...]:
 Runner = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
 
 
-def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=timeout,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 def run_list_devices(
-    engine: Path, timeout: float = 30.0, run: Runner = _run
+    engine: Path, timeout: float = 30.0, run: Runner = run_captured
 ) -> tuple[ListedDevice, ...]:
     """Run ``<engine> --list-devices`` (blocking; Jan's 30 s limit) and parse it."""
     try:

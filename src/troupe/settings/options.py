@@ -27,6 +27,7 @@ from pathlib import Path
 import attrs
 
 from troupe.errors import EngineNotFound
+from troupe.procs import run_captured
 
 __all__ = ["EngineOption", "OptionTable", "load_option_table", "parse_help"]
 
@@ -246,15 +247,7 @@ def load_option_table(
         except (OSError, ValueError, KeyError, TypeError):
             pass
     try:
-        done = subprocess.run(
-            [str(engine), "--help"],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
+        done = run_captured([str(engine), "--help"], timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise EngineNotFound(f"engine '{engine}' cannot describe its options: {exc}") from None
     table = parse_help(done.stdout)

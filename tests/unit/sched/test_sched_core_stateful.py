@@ -106,6 +106,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.prev_entries: list[Any] = []
         self.queue_seen: dict[str, tuple[int, int]] = {}
         self.direct_victims: dict[int, tuple[str, int]] = {}  # load rid -> victim, its gen
+        self.oom_retry: set[str] = set()  # models to be spawned again after an OOM death
         self.reloading = False
         self.out: list[Effect] = []
         self.clean = True
@@ -123,7 +124,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         ttls=st.lists(st.sampled_from([None, None, 5.0, 30.0]), min_size=5, max_size=5),
         warm=st.lists(st.booleans(), min_size=5, max_size=5),
         fake_timing=st.sampled_from([False, False, True]),
-        queue_max=st.sampled_from([0, 0, 3]),
+        queue_max=st.sampled_from([0, 0, 0, 4]),
     )
     def setup(
         self,
@@ -201,6 +202,20 @@ class SchedulerMachine(RuleBasedStateMachine):
     def of_type(self, kind: type) -> list[Any]:
         return [e for e in self.out if isinstance(e, kind)]
 
+    def upstream_events(
+        self, model: str, events: tuple[str, ...] = ("model_status", "status_change")
+    ) -> list[Emit]:
+        """Upstream's SSE events about ``model`` in the last step (a queued request's
+        spawn, set off by the same event, announces itself too: left out here)."""
+        spawned = {s.model for s in self.of_type(Spawn)}
+        return [
+            e
+            for e in self.of_type(Emit)
+            if e.model == model
+            and e.event in events
+            and not (e.event == "model_status" and model in spawned)
+        ]
+
     # ----- the actor: carrying out effects and checking them --------------------------------
 
     def step(self, effects: list[Effect], *, direct_load: bool = False) -> list[Effect]:
@@ -241,6 +256,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             if e.model in loads_done:
                 loads_done.remove(e.model)
                 continue
+            if e.model in self.oom_retry:
+                self.oom_retry.discard(e.model)
+                continue
             assert entries and entries[0].model == e.model, f"{e} but the head is {entries}"
             assert entries[0].loading, f"{e} from an entry not marked loading: {entries}"
 
@@ -256,9 +274,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             (s.model, s.reason) for s in decided
         ), (evicts, decided)
         now_seen = {e.model: (e.waiters, i + 1) for i, e in enumerate(self.core._queue.entries)}
-        queue_events = {
-            e.model: e.data for e in self.of_type(Emit) if e.event == "troupe_queue"
-        }
+        queue_events = {e.model: e.data for e in self.of_type(Emit) if e.event == "troupe_queue"}
         changed = {
             m: now_seen.get(m)
             for m in now_seen.keys() | self.queue_seen.keys()
@@ -381,6 +397,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 f"{issued} leave {free} slots free for {lacking}; queue={entries}"
             )
         for s in issued:
+            if s.reason.startswith("memory for "):
+                busy = [r for r, lease in self.leases.items() if lease == (s.model, s.gen)]
+                assert not busy, f"{s} while requests {busy} are in flight"
+                assert s.model not in queued, f"{s} while requests are queued for it"
+                assert not self.configs[s.model].pin, f"pinned model evicted: {s}"
+                continue
             if not (s.reason == "ttl" or s.reason.startswith("lru for ")):
                 continue
             busy = [rid for rid, lease in self.leases.items() if lease == (s.model, s.gen)]
@@ -413,16 +435,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         if entries and not entries[0].loading and has_slot and not core._reloading:
             m = core._models[entries[0].model]
             held = m.held_until is not None and self.now < m.held_until
-            if m.status is Status.UNLOADED and not m.spawn_pending and not held:
+            retry = m.respawn_after_evictions
+            if m.status is Status.UNLOADED and not m.spawn_pending and not held and not retry:
                 raise AssertionError(f"the head {entries[0]} could load now but waits")
         need = evictions_needed(core._models, core._queue, core.models_max)
         if need > 0:
             victim = pick_victim(core._models, core._queue)
             assert victim is None, f"{need} slots needed and {victim} is idle: {entries}"
         for rid, d in core._direct.items():
-            if d.victim is None:
-                assert core._reloading, f"load {rid} parked with no victim and no reload"
-                continue
+            if core._reloading:
+                continue  # upstream's load() waits for the reload to finish, too
+            assert d.victim is not None, f"load {rid} parked with no victim and no reload"
             child = self.children.get(d.victim)
             gen = child.gen if child is not None else None
             victim, seen_gen = self.direct_victims.setdefault(rid, (d.victim, gen or -1))
@@ -432,7 +455,11 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # ----- clients -------------------------------------------------------------------------
 
-    @rule(i=st.integers(0, 4), autoload=st.booleans(), post=st.booleans())
+    @rule(
+        i=st.integers(0, 4),
+        autoload=st.sampled_from([True, True, True, False]),
+        post=st.booleans(),
+    )
     def acquire(self, i: int, autoload: bool, post: bool) -> None:
         assert self.core is not None
         model = self.names[i % len(self.names)]
@@ -496,17 +523,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.left.add(rid)
         self.step(self.core.release(rid, self.tick()))
 
-    @rule(i=st.integers(0, 4), op=st.sampled_from(["load", "unload"]))
+    @rule(i=st.integers(0, 9), op=st.sampled_from(["load", "unload"]))
     def admin(self, i: int, op: str) -> None:
-        """POST /models/load or /models/unload (4 is a name the catalogue lacks).
+        """POST /models/load or /models/unload (9 is a name the catalogue lacks).
 
         Mostly of a model where the call does something: load one that is not running,
         unload one that is."""
         assert self.core is not None
         useful = [n for n in self.names if (n in self.children) == (op == "unload")]
-        if i == 4:
+        if i == 9:
             model = "no-such-model"
-        elif i == 3 or not useful:
+        elif i in (7, 8) or not useful:
             model = self.names[i % len(self.names)]
         else:
             model = useful[i % len(useful)]
@@ -585,21 +612,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         if child.status is Status.UNLOADED:
             child.status = Status.LOADING
         self.step(self.core.spawned(model, child.gen, port, port + 1, self.tick()))
-        upstream = [e for e in self.of_type(Emit) if e.event in ("model_status", "status_change")]
+        upstream = self.upstream_events(model)
         if said_loading:
             assert upstream == [], "loading was announced with the Spawn"
         else:
             assert upstream == [Emit(model, "model_status", {"status": "loading"})]
 
-    def child_gone(self, model: str, child: Child, code: int) -> None:
+    def child_gone(self, model: str, child: Child, code: int, *, oom: bool = False) -> None:
         assert self.core is not None
         del self.children[model]
         expected = child.stop is not None
         now = self.tick()
-        if not expected:
+        self.step(self.core.exited(model, child.gen, code, now, expected=expected, oom=oom))
+        if any(s.reason == f"memory for {model}" for s in self.of_type(Stop)):
+            # out of memory while loading: idle models go and the load is tried once more
+            assert oom and not expected and child.status is Status.LOADING, self.out
+            self.oom_retry.add(model)
+        elif not expected:
             self.crashes[model].append(now)
-        self.step(self.core.exited(model, child.gen, code, now, expected=expected))
-        emitted = [e for e in self.of_type(Emit) if e.event in ("model_status", "status_change")]
+        emitted = self.upstream_events(model, ("status_change",))
         if child.status.is_running:
             assert emitted == [
                 Emit(model, "status_change", {"status": "unloaded", "exit_code": code})
@@ -618,7 +649,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(c.started for c in self.children.values()))
     @rule(
         i=st.integers(0, 50),
-        state=st.sampled_from(["ready", "loading", "ready", "sleeping", "crash", "bogus"]),
+        state=st.sampled_from(["ready", "loading", "ready", "sleeping", "crash", "oom", "bogus"]),
         loading=LOADING_PAYLOADS,
         ready=READY_PAYLOADS,
         code=st.integers(0, 3),
@@ -627,8 +658,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         """A live child reports a state line, or dies on its own with some exit code."""
         assert self.core is not None
         model, child = self.pick(lambda c: c.started, i)
-        if state == "crash":
-            self.child_gone(model, child, code)
+        if state in ("crash", "oom"):
+            self.child_gone(model, child, code if state == "crash" else 1, oom=state == "oom")
             return
         payload = {"loading": loading, "ready": ready}.get(state, {})
         child.status = REPORTED.get(state, child.status)
@@ -641,8 +672,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             data["progress"] = payload
         if state == "ready" and payload:
             data["info"] = payload
-        upstream = [e for e in self.of_type(Emit) if e.event in ("model_status", "status_change")]
-        assert upstream == [Emit(model, "status_change", data)]
+        assert self.upstream_events(model) == [Emit(model, "status_change", data)]
 
     @precondition(lambda self: any(g >= 2 for g in self.gen.values()))
     @rule(
