@@ -24,7 +24,6 @@ from troupe.sched import (
     Stop,
 )
 
-
 UPSTREAM_EVENTS = ("model_status", "status_change")
 
 

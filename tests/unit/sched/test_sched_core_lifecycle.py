@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from schedcore_kit import Bench, answered, failure_of, grant_of, reply_to, spawns, stops
+from schedcore_kit import Bench, answered, emits, failure_of, grant_of, reply_to, spawns, stops
 
-from troupe.sched import ModelConfig, Reply, Spawn, Status, Stop
+from troupe.sched import Emit, ModelConfig, Reply, Spawn, Status, Stop
 
 # ----- TTL -----------------------------------------------------------------------------
 
@@ -232,3 +232,30 @@ def test_stop_all_status_is_unloaded_for_everything_at_the_end() -> None:
         b.finish_stop(s)
     assert all(v.status is Status.UNLOADED for v in b.core.snapshot().models.values())
     assert b.core.running_count() == 0
+
+
+# ----- LLAMA_SERVER_DEBUG_FAKE_TIMING ----------------------------------------------------
+
+
+def test_fake_timing_delays_queued_loads_only() -> None:
+    # Upstream's load() sleeps 2 s before spawning; the direct POST /models/load path
+    # does that sleep in the HTTP handler, so the core asks for no delay there.
+    b = Bench(fake_timing=True)
+    out = b.acquire(b.rid(), "a")
+    assert spawns(out) == [Spawn("a", 1, 2.0)]
+    assert b.status("a") is Status.UNLOADED  # upstream is still asleep in load()
+    assert emits(b.spawned("a")) == [Emit("a", "model_status", {"status": "loading"})]
+    assert b.status("a") is Status.LOADING
+    out = b.load(b.rid(), "b")
+    assert spawns(out) == [Spawn("b", 1, 0.0)]
+
+
+def test_stop_all_waits_for_a_delayed_spawn_to_be_called_off() -> None:
+    b = Bench(fake_timing=True)
+    b.acquire(b.rid(), "a")
+    done = b.rid()
+    out = b.stop_all(done)
+    assert stops(out) == [Stop("a", 1, kill=True, reason="shutdown")]
+    assert done not in answered(out)
+    out = b.exited("a", 1)
+    assert reply_to(out, done) is None

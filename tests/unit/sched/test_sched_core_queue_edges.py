@@ -96,7 +96,7 @@ def test_next_entry_loads_as_soon_as_the_entry_ahead_empties() -> None:
     # now and nothing stops it loading (no --models-max). The wake-up must not wait
     # for some later, unrelated event.
     b = Bench(["h", "x", "y"], models_max=0)
-    wx1, wy, wx2 = _x_queued_around_y(b)
+    wx1, _wy, wx2 = _x_queued_around_y(b)
     out = b.ready("x")
     assert answered(out) == {wx1, wx2}
     assert b.core.snapshot().queue == (("y", 1),)
@@ -106,7 +106,7 @@ def test_next_entry_loads_as_soon_as_the_entry_ahead_empties() -> None:
 def test_next_entry_loads_when_the_entry_ahead_fails() -> None:
     # Same, but x fails to load: no lease is left whose release would wake y later.
     b = Bench(["h", "x", "y"], models_max=0)
-    wx1, wy, wx2 = _x_queued_around_y(b)
+    wx1, _wy, wx2 = _x_queued_around_y(b)
     out = b.exited("x", 1, expected=False)
     assert answered(out) == {wx1, wx2}
     assert spawns(out) == [Spawn("y", 1, 0.0)]

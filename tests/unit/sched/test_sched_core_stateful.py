@@ -84,6 +84,7 @@ class Ask:
     kind: str  # acquire | load | unload | stop_all
     model: str
     autoload: bool = True
+    post: bool = True  # a POST: using the model makes it recently used (§6.3 last_used)
     step: int = 0  # the step it arrived in (a reply in a later step means it waited)
 
 
@@ -107,6 +108,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.queue_seen: dict[str, tuple[int, int]] = {}
         self.direct_victims: dict[int, tuple[str, int]] = {}  # load rid -> victim, its gen
         self.oom_retry: set[str] = set()  # models to be spawned again after an OOM death
+        self.last_used: dict[str, float] = {}  # set at spawn and by each POST it serves
         self.reloading = False
         self.out: list[Effect] = []
         self.clean = True
@@ -174,9 +176,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.step_no += 1
         return self.now
 
-    def ask(self, kind: str, model: str, autoload: bool = True) -> int:
+    def ask(self, kind: str, model: str, autoload: bool = True, post: bool = True) -> int:
         rid = next(self.rids)
-        self.waiting[rid] = Ask(kind, model, autoload, self.step_no + 1)
+        self.waiting[rid] = Ask(kind, model, autoload, post, self.step_no + 1)
         return rid
 
     def held(self, model: str) -> bool:
@@ -199,6 +201,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len(found) == 1, f"expected one reply to {rid} in {self.out}"
         return found[0].result
 
+    def one_result(self, replies: list[Reply]) -> Grant | Failure | None:
+        assert len(replies) == 1, replies
+        return replies[0].result
+
     def of_type(self, kind: type) -> list[Any]:
         return [e for e in self.out if isinstance(e, kind)]
 
@@ -218,7 +224,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # ----- the actor: carrying out effects and checking them --------------------------------
 
-    def step(self, effects: list[Effect], *, direct_load: bool = False) -> list[Effect]:
+    def step(self, effects: list[Effect]) -> list[Effect]:
         assert self.core is not None
         self.out = effects
         stop_all_answered = False
@@ -243,7 +249,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert not self.children, f"shutdown answered while {self.children} run"
         self.check_claims(loads_done)
         self.check_troupe_events()
-        self.check_stops([e for e in effects if isinstance(e, Stop)], direct_load)
+        self.check_stops([e for e in effects if isinstance(e, Stop)])
         self.check_nothing_left_undone()
         return effects
 
@@ -259,7 +265,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             if e.model in self.oom_retry:
                 self.oom_retry.discard(e.model)
                 continue
-            assert entries and entries[0].model == e.model, f"{e} but the head is {entries}"
+            assert entries, f"{e} with nobody queued"
+            assert entries[0].model == e.model, f"{e} but the head is {entries}"
             assert entries[0].loading, f"{e} from an entry not marked loading: {entries}"
 
     def check_troupe_events(self) -> None:
@@ -297,6 +304,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         delayed = e.delay > 0
         status = Status.UNLOADED if delayed else Status.LOADING
         self.children[e.model] = Child(e.gen, delayed=delayed, status=status)
+        if not delayed:
+            self.last_used[e.model] = self.now
         if not delayed:  # upstream's load() says "loading" as it spawns
             said = [x for x in self.of_type(Emit) if x.model == e.model]
             assert Emit(e.model, "model_status", {"status": "loading"}) in said, self.out
@@ -321,13 +330,16 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert ask.kind == "acquire", (ask, e)
             assert r.model == ask.model, (ask, e)
             child = self.children.get(r.model)
-            assert child is not None and child.started, f"grant without a live child: {e}"
+            assert child is not None, f"grant without a child: {e}"
+            assert child.started, f"grant before the child is up: {e}"
             assert (r.gen, r.port) == (child.gen, child.port), (e, child)
             if ask.autoload:
                 assert child.status in (Status.LOADED, Status.SLEEPING), (e, child)
                 assert child.stop is None, f"grant on a stopping model: {e}"
             assert r.waited == (ask.step != self.step_no), (e, ask, self.step_no)
             self.leases[e.to] = (r.model, r.gen)
+            if ask.post:
+                self.last_used[r.model] = self.now
         elif isinstance(r, Failure):
             assert FAILURE_KINDS[r.status] == r.type, r
             assert ask.kind != "stop_all", e
@@ -351,7 +363,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert set(e.data) <= {"status", "exit_code", "info", "progress"}, e
         assert ("exit_code" in e.data) == (status == "unloaded"), e
         if "info" in e.data:
-            assert status == "loaded" and isinstance(e.data["info"], dict), e
+            assert status == "loaded", e
+            assert isinstance(e.data["info"], dict), e
             assert e.data["info"], e
         if "progress" in e.data:
             assert status == "loading", e
@@ -359,7 +372,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def wanted(self, model: str, kinds: tuple[str, ...] = ("acquire", "load")) -> bool:
         return any(a.kind in kinds and a.model == model for a in self.waiting.values())
 
-    def check_stops(self, issued: list[Stop], direct_load: bool) -> None:
+    def check_stops(self, issued: list[Stop]) -> None:
         """Evictions and TTL stops: only idle, unwanted, unpinned models, the least
         recently used first, and only for a request that still waits and needs a slot."""
         assert self.core is not None
@@ -382,19 +395,22 @@ class SchedulerMachine(RuleBasedStateMachine):
             and not v.pin
             and v.name not in queued
         ]
-        if not direct_load and any(s.reason.startswith("lru for ") for s in issued):
-            # No more evictions than the waiting requests need: count slots the world's way.
-            # (POST /models/load is exempt: upstream's unload_lru evicts whenever the
-            # running count, stopping models included, is at the limit.)
+        # No more evictions than the queue needs, counting slots the world's way. An
+        # eviction for POST /models/load is exempt: upstream's unload_lru evicts whenever
+        # the running count, stopping models included, is at the limit.
+        for_loads = {d.victim for d in core._direct.values()}
+        lru = [s for s in issued if s.reason.startswith("lru for ")]
+        by_tick = [s for s in lru if s.model not in for_loads]
+        if by_tick:
             stopping = sum(1 for c in self.children.values() if c.stop is not None)
-            free = self.models_max - len(self.children) + stopping
+            free = self.models_max - len(self.children) + stopping - (len(lru) - len(by_tick))
             lacking = [
                 e.model
                 for e in entries
                 if e.model not in self.children or self.children[e.model].stop is not None
-            ] + [d.model for d in core._direct.values() if d.model not in self.children]
+            ]
             assert free <= len(lacking), (
-                f"{issued} leave {free} slots free for {lacking}; queue={entries}"
+                f"{by_tick} leave {free} slots free for {lacking}; queue={entries}"
             )
         for s in issued:
             if s.reason.startswith("memory for "):
@@ -465,7 +481,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         model = self.names[i % len(self.names)]
         child = self.children.get(model)
         waiting_before = sum(1 for a in self.waiting.values() if a.kind == "acquire")
-        rid = self.ask("acquire", model, autoload)
+        rid = self.ask("acquire", model, autoload, post)
         now = self.tick()
         held = child is None and self.held(model)
         self.step(self.core.acquire(rid, model, now, autoload=autoload, update_last_used=post))
@@ -476,7 +492,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if child is None:
                 assert [x.result for x in r] == [Failure.bad_request("model is not loaded")]
             elif child.started:
-                assert len(r) == 1 and isinstance(r[0].result, Grant), r
+                assert isinstance(self.one_result(r), Grant), r
             elif not child.delayed:  # "loading" but no port yet: the child's own answer
                 assert [x.result.status for x in r] == [503], r  # type: ignore[union-attr]
         elif (
@@ -489,13 +505,16 @@ class SchedulerMachine(RuleBasedStateMachine):
                 Status.SLEEPING,
             )
         ):
-            assert len(r) == 1 and isinstance(r[0].result, Grant), r
+            assert isinstance(self.one_result(r), Grant), r
         elif held:
-            assert len(r) == 1 and isinstance(r[0].result, Failure), r
-            assert r[0].result.status == 503, r
+            failure = self.one_result(r)
+            assert isinstance(failure, Failure), r
+            assert failure.status == 503, r
         elif self.queue_max > 0 and waiting_before >= self.queue_max:
-            assert len(r) == 1 and isinstance(r[0].result, Failure), r
-            assert r[0].result.status == 503 and r[0].result.retry_after, r
+            failure = self.one_result(r)
+            assert isinstance(failure, Failure), r
+            assert failure.status == 503, r
+            assert failure.retry_after, r
         else:
             assert r == [], f"{model} is not ready, yet {rid} was answered at once: {r}"
 
@@ -542,7 +561,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if op == "load":
             if model in self.crashes and child is None:
                 self.crashes[model].clear()  # an explicit load lifts a crash-loop hold
-            self.step(self.core.load(rid, model, self.tick()), direct_load=True)
+            self.step(self.core.load(rid, model, self.tick()))
             r = [x.result for x in self.replies_to(rid)]
             if self.closing:
                 assert r == [Failure.unavailable("server is shutting down")], r
@@ -609,9 +628,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         port = next(self.ports)
         said_loading = child.status is Status.LOADING
         child.started, child.port = True, port
+        now = self.tick()
         if child.status is Status.UNLOADED:
             child.status = Status.LOADING
-        self.step(self.core.spawned(model, child.gen, port, port + 1, self.tick()))
+            self.last_used[model] = now  # a delayed spawn starts loading only now
+        self.step(self.core.spawned(model, child.gen, port, port + 1, now))
         upstream = self.upstream_events(model)
         if said_loading:
             assert upstream == [], "loading was announced with the Spawn"
@@ -626,7 +647,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.step(self.core.exited(model, child.gen, code, now, expected=expected, oom=oom))
         if any(s.reason == f"memory for {model}" for s in self.of_type(Stop)):
             # out of memory while loading: idle models go and the load is tried once more
-            assert oom and not expected and child.status is Status.LOADING, self.out
+            assert oom, self.out
+            assert not expected, self.out
+            assert child.status is Status.LOADING, self.out
             self.oom_retry.add(model)
         elif not expected:
             self.crashes[model].append(now)
@@ -746,7 +769,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         deadline = self.core.next_deadline()
         assert deadline is None or deadline > self.now, (deadline, self.now)
         for s in self.of_type(Stop):
-            assert s.reason == "ttl" and self.configs[s.model].ttl is not None, s
+            assert s.reason == "ttl", s
+            assert self.configs[s.model].ttl is not None, s
 
     # ----- invariants ----------------------------------------------------------------------
 
@@ -826,6 +850,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert v.status is Status.UNLOADED, (name, v.status, child)
             assert v.stopping == (child is not None and child.stop is not None), (name, v, child)
             assert v.in_flight == m.in_flight
+            assert v.last_used == self.last_used.get(name, 0.0), (name, v.last_used)
             assert v.failed == (v.status is Status.UNLOADED and v.exit_code != 0)
             pos = next((i + 1 for i, e in enumerate(entries) if e.model == name), None)
             assert v.queue_position == pos
@@ -872,7 +897,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         if stuck:
             # The only legitimate reason to wait now: every slot is held by a pinned model.
             running = sorted(self.children)
-            assert self.models_max > 0 and len(running) >= self.models_max, (
+            full = self.models_max > 0 and len(running) >= self.models_max
+            assert full, (
                 f"requests {stuck} still wait with free slots; running={running}, "
                 f"queue={self.core._queue.entries}"
             )
@@ -889,7 +915,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 SchedulerMachine.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=200,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
