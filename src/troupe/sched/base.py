@@ -45,6 +45,7 @@ class DirectLoad:
 
     model: str
     victim: str | None
+    victim_gen: int = 0  # the victim's child we wait for; a newer one is not ours to wait on
 
 
 class CoreBase:
@@ -190,6 +191,7 @@ class CoreBase:
 
     def _spawn(self, m: ModelState, now: float, delay: float) -> None:
         m.gen += 1
+        m.respawn_after_evictions = False  # whatever started it, an OOM retry is now moot
         m.spawn_pending = True
         m.exit_code = 0
         m.last_eviction = None

@@ -86,7 +86,9 @@ class SchedulerCore(Settling):
     def load(self, rid: int, model: str, now: float) -> list[Effect]:
         """``POST /models/load``: evict the LRU model and wait for it, then spawn (§3.4)."""
         m = self._models.get(model)
-        if m is None or m.removed:
+        if self._closing:
+            self._reply(rid, Failure.unavailable("server is shutting down"))
+        elif m is None or m.removed:
             self._reply(rid, Failure.not_found("model is not found"))
         elif m.is_running:
             self._reply(rid, Failure.bad_request("model is already running"))
@@ -269,6 +271,11 @@ class SchedulerCore(Settling):
             return self._flush()
         was_running = m.status.is_running
         was_loading = m.status is Status.LOADING
+        entry = self._queue.find(model)
+        if entry is not None and entry.loading:
+            # The claimed load died: the entry is back in line, so its other waiters (and
+            # everyone queued behind it) are not stranded behind a claim that is over.
+            self._queue.claim_failed(model)
         self._memory_changed()
         m.status = Status.UNLOADED
         m.exit_code = code

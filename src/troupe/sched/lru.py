@@ -38,23 +38,24 @@ def evictions_needed(
 ) -> int:
     """How many more slots the queue needs freed (upstream ``tick``'s ``n_needed - n_free``).
 
-    Stopping models count as free (they are on their way out); a claimed entry whose
-    model is not running yet already owns a slot.
+    Stopping models count as free (they are on their way out); a claimed entry already
+    owns a slot, and an entry whose model is up needs none.
     """
     if models_max <= 0 or not queue.entries:
         return 0
-    # A claimed model whose spawn is pending is not running yet: it is counted once, as
-    # claimed, exactly as upstream counts a claim whose load() has not spawned.
-    n_running = sum(1 for m in models.values() if m.status.is_running)
-    n_stopping = sum(1 for m in models.values() if m.status.is_running and m.stopping)
+    n_running = sum(1 for m in models.values() if m.is_running)
+    n_stopping = sum(1 for m in models.values() if m.is_running and m.stopping)
     n_needed = 0
     n_claimed = 0
     for e in queue.entries:
-        if not e.loading:
-            n_needed += 1
-            continue
         m = models.get(e.model)
-        if m is not None and not m.status.is_running:
+        if m is not None and m.is_running and not m.stopping:
+            # Already owns its slot (a direct load started it, or its spawn is pending):
+            # upstream counts it as needing one more and evicts for nothing.
+            continue
+        if e.loading:
             n_claimed += 1
+        else:
+            n_needed += 1
     n_free = models_max - n_running + n_stopping - n_claimed
     return max(0, n_needed - n_free)

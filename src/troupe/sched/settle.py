@@ -18,13 +18,27 @@ __all__ = ["Settling"]
 class Settling(CoreBase):
     def _settle(self, now: float) -> None:
         """Re-examine every waiter and parked load, then free slots the queue needs."""
-        if not any(s.stopping for s in self._models.values()):
+        busy_stopping = any(s.stopping for s in self._models.values())
+        if not self._closing and not self._reloading and not busy_stopping:
             for m in list(self._models.values()):
                 if m.respawn_after_evictions:  # an out-of-memory load, tried once more
                     m.respawn_after_evictions = False
                     self._spawn(m, now, delay=0.0)
-        for rid, w in list(self._waiters.items()):
-            self._advance(rid, w, now)
+        # Until nothing changes: a waiter looked at before the entry ahead of it emptied
+        # must be looked at again now, not at some later, unrelated event.
+        while True:
+            before = (
+                [(e.model, e.loading, e.waiters) for e in self._queue.entries],
+                len(self._waiters),
+            )
+            for rid, w in list(self._waiters.items()):
+                self._advance(rid, w, now)
+            after = (
+                [(e.model, e.loading, e.waiters) for e in self._queue.entries],
+                len(self._waiters),
+            )
+            if before == after:
+                break
         for rid, d in list(self._direct.items()):
             self._advance_direct(rid, d, now)
         self._tick()
@@ -105,11 +119,12 @@ class Settling(CoreBase):
                 if victim is not None:
                     self._request_stop(self._models[victim], f"lru for {d.model}")
                     d.victim = victim
+                    d.victim_gen = self._models[victim].gen
                     return
         else:
-            victim_state = self._models.get(d.victim)
-            if victim_state is not None and victim_state.status is not Status.UNLOADED:
-                return
+            v = self._models.get(d.victim)
+            if v is not None and v.status is not Status.UNLOADED and v.gen == d.victim_gen:
+                return  # its child is still going (a restarted victim is not waited for)
         del self._direct[rid]
         if m is None or m.removed:
             self._reply(rid, Failure.not_found("model is not found"))
@@ -121,7 +136,7 @@ class Settling(CoreBase):
             self._spawn(m, now, delay=0.0)
             self._reply(rid, None)
         else:
-            self._direct[rid] = DirectLoad(d.model, d.victim)  # memory is being freed
+            self._direct[rid] = DirectLoad(d.model, d.victim, d.victim_gen)  # freeing memory
 
     def _needs_victim(self) -> bool:
         return not self._has_capacity()
@@ -158,10 +173,15 @@ class Settling(CoreBase):
     def _tick(self) -> None:
         """Evict idle models while queued requests outnumber free slots (upstream ``tick``)."""
         need = evictions_needed(self._models, self._queue, self.models_max)
-        while need > 0:
+        # The free slots go to the first entries in line; the evictions are for the rest.
+        needy = [
+            e.model
+            for e in self._queue.entries
+            if not e.loading
+            and not (self._models[e.model].is_running and not self._models[e.model].stopping)
+        ]
+        for model in needy[len(needy) - need :] if need > 0 else []:
             victim = pick_victim(self._models, self._queue)
             if victim is None:
                 return  # everything left is busy or pinned: wait for a request to end
-            head = self._queue.entries[0].model if self._queue.entries else "?"
-            self._request_stop(self._models[victim], f"lru for {head}")
-            need -= 1
+            self._request_stop(self._models[victim], f"lru for {model}")

@@ -3,21 +3,26 @@ and slots counted twice. Each test is a minimal event sequence."""
 
 from __future__ import annotations
 
-from schedcore_kit import Bench, answered, failure_of, grant_of, spawns, stops
+import pytest
+from schedcore_kit import Bench, answered, failure_of, grant_of, reply_to, spawns, stops
 
 from troupe.sched import Spawn, Stop
 
 
-def test_waiter_sharing_a_claim_whose_spawn_failed_is_not_stranded() -> None:
-    b = Bench()
+@pytest.mark.parametrize("fake_timing", [False, True])
+def test_waiter_sharing_a_claim_whose_spawn_failed_is_not_stranded(fake_timing: bool) -> None:
+    # With LLAMA_SERVER_DEBUG_FAKE_TIMING the spawn is delayed and the model stays
+    # "unloaded" meanwhile, so a second request joins the claimed queue entry.
+    b = Bench(fake_timing=fake_timing)
     w1, w2 = b.rid(), b.rid()
-    assert spawns(b.acquire(w1, "a")) == [Spawn("a", 1, 0.0)]
-    assert b.acquire(w2, "a") == []  # shares the claimed entry
+    assert [s.model for s in spawns(b.acquire(w1, "a"))] == ["a"]
+    assert b.acquire(w2, "a") == []
     out = b.exited("a", 1, expected=False)  # the actor could not start the child
     assert failure_of(out, w1).status == 500
-    # w2 never saw the model loading; it must either be answered or get a new instance
+    # w2 must either be answered or get a new instance; never wait on a dead claim
     if w2 not in answered(out):
-        assert spawns(out) == [Spawn("a", 2, 0.0)]
+        (spawn,) = spawns(out)
+        assert (spawn.model, spawn.gen) == ("a", 2)
         b.spawned("a")
         assert grant_of(b.ready("a"), w2).gen == 2
 
@@ -59,6 +64,22 @@ def test_eviction_reason_names_the_entry_that_needs_the_slot() -> None:
     assert [s.model for s in spawns(b.acquire(wa, "a"))] == ["a"]  # a claims the free slot
     out = b.acquire(wb, "b")  # b needs c's slot
     assert stops(out) == [Stop("c", 1, kill=False, reason="lru for b")]
+
+
+def test_queued_request_for_a_model_a_direct_load_started_evicts_nothing() -> None:
+    # b's request waits behind a's claim; POST /models/load then starts b in a free
+    # slot. b's entry no longer needs a slot: the idle model c must stay. (Upstream's
+    # tick counts every unclaimed entry as needing one, so it shares this.)
+    b = Bench(models_max=3)
+    b.bring_up("c")
+    wa, wb = b.rid(), b.rid()
+    assert [s.model for s in spawns(b.acquire(wa, "a"))] == ["a"]
+    assert b.acquire(wb, "b") == []
+    rid = b.rid()
+    out = b.load(rid, "b")
+    assert reply_to(out, rid) is None
+    assert [s.model for s in spawns(out)] == ["b"]
+    assert stops(out) == []
 
 
 def test_queued_request_for_a_model_already_coming_up_evicts_nothing() -> None:

@@ -1,0 +1,454 @@
+"""The world around `SchedulerCore`, as the stateful test models it.
+
+`World` keeps what the scheduler actor and its clients would know: which child runs
+for each model (started or not, stopping or not), who waits for a reply, which leases
+are out, when each model crashed and was last used. `step` takes the effects of one
+event, carries them out on this model and checks each of them (one reply per request,
+a Stop only for a live child and only once, evictions only of idle unwanted models,
+FIFO claims, troupe's own SSE events), then checks that the core is at rest.
+The rules that produce events live in test_sched_core_stateful.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import attrs
+
+from troupe.sched import (
+    Effect,
+    Emit,
+    Failure,
+    Grant,
+    ModelConfig,
+    Reply,
+    SampleMemory,
+    SchedulerCore,
+    Spawn,
+    Status,
+    Stop,
+)
+from troupe.sched.lru import evictions_needed, pick_victim
+
+__all__ = ["CRASH_LIMIT", "CRASH_WINDOW", "REPORTED", "Ask", "Child", "World"]
+
+CRASH_LIMIT = 3
+CRASH_WINDOW = 20.0
+FAILURE_KINDS = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    500: "server_error",
+    503: "unavailable_error",
+}
+REPORTED = {"loading": Status.LOADING, "ready": Status.LOADED, "sleeping": Status.SLEEPING}
+
+
+@attrs.define
+class Child:
+    """One child as its instance actor sees it."""
+
+    gen: int
+    delayed: bool = False  # LLAMA_SERVER_DEBUG_FAKE_TIMING: "loading" only once started
+    started: bool = False  # False: the Spawn is still being carried out
+    status: Status = Status.UNLOADED  # what the table must say (a start says "loading")
+    port: int = 0
+    stop: Stop | None = None  # a Stop the actor is carrying out
+
+
+@attrs.define
+class Ask:
+    """A request waiting for its one reply."""
+
+    kind: str  # acquire | load | unload | stop_all
+    model: str
+    autoload: bool = True
+    post: bool = True  # a POST: using the model makes it recently used (§6.3 last_used)
+    step: int = 0  # the step it arrived in (a reply in a later step means it waited)
+
+
+class World:
+    """Everything but the rules: state, the actor's part, and the per-step checks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core: SchedulerCore | None = None
+        self.now = 0.0
+        self.step_no = 0
+        self.rids = itertools.count(1)
+        self.ports = itertools.count(20000)
+        self.children: dict[str, Child] = {}
+        self.gen: dict[str, int] = {}
+        self.crashes: dict[str, list[float]] = {}
+        self.closing = False
+        self.waiting: dict[int, Ask] = {}
+        self.leases: dict[int, tuple[str, int]] = {}
+        self.answered: set[int] = set()
+        self.left: set[int] = set()
+        self.prev_entries: list[Any] = []
+        self.queue_seen: dict[str, tuple[int, int]] = {}
+        self.direct_victims: dict[int, tuple[str, int]] = {}  # load rid -> victim, its gen
+        self.oom_retry: set[str] = set()  # models to be spawned again after an OOM death
+        self.last_used: dict[str, float] = {}  # set at spawn and by each POST it serves
+        self.reloading = False
+        self.out: list[Effect] = []
+        self.clean = True
+
+        self.configs: dict[str, ModelConfig] = {}
+        self.names: list[str] = []
+        self.models_max = 0
+        self.fake_timing = False
+        self.queue_max = 0
+
+    # ----- the world's own bookkeeping ----------------------------------------------------
+
+    def tick(self, dt: float = 1.0) -> float:
+        self.clean = False  # set again once the step and the invariants have passed
+        self.now += dt
+        self.step_no += 1
+        return self.now
+
+    def ask(self, kind: str, model: str, autoload: bool = True, post: bool = True) -> int:
+        rid = next(self.rids)
+        self.waiting[rid] = Ask(kind, model, autoload, post, self.step_no + 1)
+        return rid
+
+    def held(self, model: str) -> bool:
+        """The crash-loop rule, independently: CRASH_LIMIT unexpected exits closer than
+        CRASH_WINDOW hold the model back until the first of them is a window old."""
+        cs = self.crashes[model]
+        k = CRASH_LIMIT
+        until = [
+            cs[i] + CRASH_WINDOW
+            for i in range(len(cs) - k + 1)
+            if cs[i + k - 1] - cs[i] < CRASH_WINDOW
+        ]
+        return bool(until) and self.now < max(until)
+
+    def replies_to(self, rid: int) -> list[Reply]:
+        return [e for e in self.out if isinstance(e, Reply) and e.to == rid]
+
+    def only_reply(self, rid: int) -> Grant | Failure | None:
+        found = self.replies_to(rid)
+        assert len(found) == 1, f"expected one reply to {rid} in {self.out}"
+        return found[0].result
+
+    def one_result(self, replies: list[Reply]) -> Grant | Failure | None:
+        assert len(replies) == 1, replies
+        return replies[0].result
+
+    def of_type(self, kind: type) -> list[Any]:
+        return [e for e in self.out if isinstance(e, kind)]
+
+    def upstream_events(
+        self, model: str, events: tuple[str, ...] = ("model_status", "status_change")
+    ) -> list[Emit]:
+        """Upstream's SSE events about ``model`` in the last step (a queued request's
+        spawn, set off by the same event, announces itself too: left out here)."""
+        spawned = {s.model for s in self.of_type(Spawn)}
+        return [
+            e
+            for e in self.of_type(Emit)
+            if e.model == model
+            and e.event in events
+            and not (e.event == "model_status" and model in spawned)
+        ]
+
+    # ----- the actor: carrying out effects and checking them --------------------------------
+
+    def step(self, effects: list[Effect]) -> list[Effect]:
+        assert self.core is not None
+        self.out = effects
+        stop_all_answered = False
+        loads_done: list[str] = []
+        for e in effects:
+            assert not isinstance(e, SampleMemory), f"no memory ledger, yet {e}"
+            if isinstance(e, Spawn):
+                self.on_spawn(e)
+            elif isinstance(e, Stop):
+                self.on_stop(e)
+            elif isinstance(e, Reply):
+                ask = self.waiting.get(e.to)
+                stop_all_answered |= ask is not None and ask.kind == "stop_all"
+                if ask is not None and ask.kind == "load" and e.result is None:
+                    loads_done.append(ask.model)
+                self.on_reply(e)
+            elif isinstance(e, Emit):
+                self.on_emit(e)
+            else:
+                raise AssertionError(f"unknown effect {e!r}")
+        if stop_all_answered:
+            assert not self.children, f"shutdown answered while {self.children} run"
+        self.check_claims(loads_done)
+        self.check_troupe_events()
+        self.check_stops([e for e in effects if isinstance(e, Stop)])
+        self.check_nothing_left_undone()
+        return effects
+
+    def check_claims(self, loads_done: list[str]) -> None:
+        """A Spawn that no POST /models/load answered came from the queue: only the head
+        entry may claim, and it is marked as loading."""
+        assert self.core is not None
+        entries = self.core._queue.entries
+        for e in self.of_type(Spawn):
+            if e.model in loads_done:
+                loads_done.remove(e.model)
+                continue
+            if e.model in self.oom_retry:
+                self.oom_retry.discard(e.model)
+                continue
+            assert entries, f"{e} with nobody queued"
+            assert entries[0].model == e.model, f"{e} but the head is {entries}"
+            assert entries[0].loading, f"{e} from an entry not marked loading: {entries}"
+
+    def check_troupe_events(self) -> None:
+        """troupe's own SSE events: ``troupe_evict`` with each stop the scheduler decided
+        on, ``troupe_queue`` whenever an entry's waiters or position changed."""
+        assert self.core is not None
+        evicts = [e for e in self.of_type(Emit) if e.event == "troupe_evict"]
+        decided = [
+            s for s in self.of_type(Stop) if s.reason.startswith(("lru for ", "ttl", "memory"))
+        ]
+        assert sorted((e.model, (e.data or {}).get("reason")) for e in evicts) == sorted(
+            (s.model, s.reason) for s in decided
+        ), (evicts, decided)
+        now_seen = {e.model: (e.waiters, i + 1) for i, e in enumerate(self.core._queue.entries)}
+        queue_events = {e.model: e.data for e in self.of_type(Emit) if e.event == "troupe_queue"}
+        changed = {
+            m: now_seen.get(m)
+            for m in now_seen.keys() | self.queue_seen.keys()
+            if now_seen.get(m) != self.queue_seen.get(m)
+        }
+        assert set(queue_events) == set(changed), (queue_events, changed)
+        for m, state in changed.items():
+            waiters, position = state if state is not None else (0, None)
+            assert queue_events[m] == {"waiting": waiters, "position": position}
+        self.queue_seen = now_seen
+
+    def on_spawn(self, e: Spawn) -> None:
+        assert not self.closing, f"spawn during shutdown: {e}"
+        assert not self.reloading, f"spawn while a reload is under way: {e}"
+        assert e.model in self.configs, e
+        assert e.model not in self.children, f"second child for {e.model}: {e}"
+        assert e.gen > self.gen[e.model], f"generation did not grow: {e}"
+        assert e.delay in ((0.0, 2.0) if self.fake_timing else (0.0,)), e
+        self.gen[e.model] = e.gen
+        delayed = e.delay > 0
+        status = Status.UNLOADED if delayed else Status.LOADING
+        self.children[e.model] = Child(e.gen, delayed=delayed, status=status)
+        if not delayed:
+            self.last_used[e.model] = self.now
+        if not delayed:  # upstream's load() says "loading" as it spawns
+            said = [x for x in self.of_type(Emit) if x.model == e.model]
+            assert Emit(e.model, "model_status", {"status": "loading"}) in said, self.out
+
+    def on_stop(self, e: Stop) -> None:
+        child = self.children.get(e.model)
+        assert child is not None, f"Stop for a model with no child: {e}"
+        assert child.gen == e.gen, f"Stop for the wrong generation: {e} vs {child}"
+        assert child.stop is None, f"second Stop for one child: {e} after {child.stop}"
+        loading = not child.started or child.status is Status.LOADING
+        assert e.kill == loading, f"kill={e.kill} for a child in {child}"
+        child.stop = e
+
+    def on_reply(self, e: Reply) -> None:
+        assert e.to not in self.left, f"reply to a request that left: {e}"
+        assert e.to not in self.answered, f"second reply: {e}"
+        ask = self.waiting.pop(e.to, None)
+        assert ask is not None, f"reply to nobody: {e}"
+        self.answered.add(e.to)
+        r = e.result
+        if isinstance(r, Grant):
+            assert ask.kind == "acquire", (ask, e)
+            assert r.model == ask.model, (ask, e)
+            child = self.children.get(r.model)
+            assert child is not None, f"grant without a child: {e}"
+            assert child.started, f"grant before the child is up: {e}"
+            assert (r.gen, r.port) == (child.gen, child.port), (e, child)
+            if ask.autoload:
+                assert child.status in (Status.LOADED, Status.SLEEPING), (e, child)
+                assert child.stop is None, f"grant on a stopping model: {e}"
+            assert r.waited == (ask.step != self.step_no), (e, ask, self.step_no)
+            self.leases[e.to] = (r.model, r.gen)
+            if ask.post:
+                self.last_used[r.model] = self.now
+        elif isinstance(r, Failure):
+            assert FAILURE_KINDS[r.status] == r.type, r
+            assert ask.kind != "stop_all", e
+        else:
+            assert ask.kind in ("load", "unload", "stop_all"), (ask, e)
+
+    def on_emit(self, e: Emit) -> None:
+        if e.event.startswith("troupe_"):
+            return  # checked as a whole by check_troupe_events
+        if e.event == "models_reload":
+            assert (e.model, e.data) == ("*", None), e
+            return
+        assert e.model in self.configs, e
+        assert e.event in ("model_status", "status_change"), e
+        assert e.data is not None
+        if e.event == "model_status":
+            assert e.data == {"status": "loading"}, e
+            return
+        status = e.data["status"]
+        assert status in ("loading", "loaded", "sleeping", "unloaded"), e
+        assert set(e.data) <= {"status", "exit_code", "info", "progress"}, e
+        assert ("exit_code" in e.data) == (status == "unloaded"), e
+        if "info" in e.data:
+            assert status == "loaded", e
+            assert isinstance(e.data["info"], dict), e
+            assert e.data["info"], e
+        if "progress" in e.data:
+            assert status == "loading", e
+
+    def wanted(self, model: str, kinds: tuple[str, ...] = ("acquire", "load")) -> bool:
+        return any(a.kind in kinds and a.model == model for a in self.waiting.values())
+
+    def check_stops(self, issued: list[Stop]) -> None:
+        """Evictions and TTL stops: only idle, unwanted, unpinned models, the least
+        recently used first, and only for a request that still waits and needs a slot."""
+        assert self.core is not None
+        core = self.core
+        entries = core._queue.entries
+        queued = {e.model for e in entries}
+        needy = {
+            e.model
+            for e in entries
+            if not e.loading
+            and (not core._models[e.model].is_running or core._models[e.model].stopping)
+        } | {d.model for d in core._direct.values()}
+        snap = core.snapshot().models
+        eligible = [
+            v
+            for v in snap.values()
+            if v.status.is_ready_or_sleeping
+            and not v.in_flight
+            and not v.stopping
+            and not v.pin
+            and v.name not in queued
+        ]
+        # No more evictions than the queue needs, counting slots the world's way. An
+        # eviction for POST /models/load is exempt: upstream's unload_lru evicts whenever
+        # the running count, stopping models included, is at the limit.
+        for_loads = {d.victim for d in core._direct.values()}
+        lru = [s for s in issued if s.reason.startswith("lru for ")]
+        by_tick = [s for s in lru if s.model not in for_loads]
+        if by_tick:
+            stopping = sum(1 for c in self.children.values() if c.stop is not None)
+            free = self.models_max - len(self.children) + stopping - (len(lru) - len(by_tick))
+            lacking = [
+                e.model
+                for e in entries
+                if e.model not in self.children or self.children[e.model].stop is not None
+            ]
+            assert free <= len(lacking), (
+                f"{by_tick} leave {free} slots free for {lacking}; queue={entries}"
+            )
+        for s in issued:
+            if s.reason.startswith("memory for "):
+                busy = [r for r, lease in self.leases.items() if lease == (s.model, s.gen)]
+                assert not busy, f"{s} while requests {busy} are in flight"
+                assert s.model not in queued, f"{s} while requests are queued for it"
+                assert not self.configs[s.model].pin, f"pinned model evicted: {s}"
+                continue
+            if not (s.reason == "ttl" or s.reason.startswith("lru for ")):
+                continue
+            busy = [rid for rid, lease in self.leases.items() if lease == (s.model, s.gen)]
+            assert not busy, f"{s} while requests {busy} are in flight"
+            assert s.model not in queued, f"{s} while requests are queued for it"
+            assert not self.wanted(s.model, ("acquire",)), f"{s} while requests wait for it"
+            if s.reason == "ttl":
+                ttl = self.configs[s.model].ttl
+                assert ttl is not None, s
+                assert core._models[s.model].idle_since + ttl <= self.now, s
+                continue
+            assert not self.configs[s.model].pin, f"pinned model evicted: {s}"
+            target = s.reason.removeprefix("lru for ")
+            assert self.wanted(target), f"{s} but nobody waits for {target}"
+            assert target in needy, f"{s} but {target} needs no slot; queue={entries}"
+            victim = snap[s.model]
+            for other in eligible:
+                assert (victim.last_used, victim.name) <= (other.last_used, other.name), (
+                    f"{s} evicts {victim.name} (used {victim.last_used}) before "
+                    f"{other.name} (used {other.last_used})"
+                )
+
+    def check_nothing_left_undone(self) -> None:
+        """After any event the core is at rest: nothing it could do now is left for a
+        later, unrelated event (no polling, DESIGN principle 3)."""
+        assert self.core is not None
+        core = self.core
+        entries = core._queue.entries
+        has_slot = core.models_max <= 0 or core.running_count() < core.models_max
+        if entries and not entries[0].loading and has_slot and not core._reloading:
+            m = core._models[entries[0].model]
+            held = m.held_until is not None and self.now < m.held_until
+            retry = m.respawn_after_evictions
+            if m.status is Status.UNLOADED and not m.spawn_pending and not held and not retry:
+                raise AssertionError(f"the head {entries[0]} could load now but waits")
+        need = evictions_needed(core._models, core._queue, core.models_max)
+        if need > 0:
+            victim = pick_victim(core._models, core._queue)
+            assert victim is None, f"{need} slots needed and {victim} is idle: {entries}"
+        for rid, d in core._direct.items():
+            if core._reloading:
+                continue  # upstream's load() waits for the reload to finish, too
+            assert d.victim is not None, f"load {rid} parked with no victim and no reload"
+            child = self.children.get(d.victim)
+            gen = child.gen if child is not None else None
+            victim, seen_gen = self.direct_victims.setdefault(rid, (d.victim, gen or -1))
+            assert (victim, gen) == (d.victim, seen_gen), (
+                f"load {rid} still waits for {d.victim}, whose child {seen_gen} is gone"
+            )
+
+    # ----- the instance actors' part -------------------------------------------------------
+
+    def pick(self, pred: Any, i: int) -> tuple[str, Child]:
+        items = sorted((m, c) for m, c in self.children.items() if pred(c))
+        return items[i % len(items)]
+
+    def start_child(self, model: str, child: Child) -> None:
+        assert self.core is not None
+        port = next(self.ports)
+        said_loading = child.status is Status.LOADING
+        child.started, child.port = True, port
+        now = self.tick()
+        if child.status is Status.UNLOADED:
+            child.status = Status.LOADING
+            self.last_used[model] = now  # a delayed spawn starts loading only now
+        self.step(self.core.spawned(model, child.gen, port, port + 1, now))
+        upstream = self.upstream_events(model)
+        if said_loading:
+            assert upstream == [], "loading was announced with the Spawn"
+        else:
+            assert upstream == [Emit(model, "model_status", {"status": "loading"})]
+
+    def child_gone(self, model: str, child: Child, code: int, *, oom: bool = False) -> None:
+        assert self.core is not None
+        del self.children[model]
+        expected = child.stop is not None
+        now = self.tick()
+        self.step(self.core.exited(model, child.gen, code, now, expected=expected, oom=oom))
+        if any(s.reason == f"memory for {model}" for s in self.of_type(Stop)):
+            # out of memory while loading: idle models go and the load is tried once more
+            assert oom, self.out
+            assert not expected, self.out
+            assert child.status is Status.LOADING, self.out
+            self.oom_retry.add(model)
+        elif not expected:
+            self.crashes[model].append(now)
+        emitted = self.upstream_events(model, ("status_change",))
+        if child.status.is_running:
+            assert emitted == [
+                Emit(model, "status_change", {"status": "unloaded", "exit_code": code})
+            ]
+        else:
+            assert emitted == []
+
+    def check_no_expired_ttl(self) -> None:
+        assert self.core is not None
+        deadline = self.core.next_deadline()
+        assert deadline is None or deadline > self.now, (deadline, self.now)
+        for s in self.of_type(Stop):
+            assert s.reason == "ttl", s
+            assert self.configs[s.model].ttl is not None, s
