@@ -246,6 +246,7 @@ class CoreBase:
     def _ttl_candidate(self, m: ModelState) -> bool:
         return (
             m.status.is_ready_or_sleeping
+            and not m.config.pin  # pinned means never unloaded on troupe's own initiative
             and m.in_flight == 0
             and not m.stopping
             and self._queue.find(m.config.name) is None

@@ -110,6 +110,9 @@ class SchedulerCore(Settling):
         if m is None or m.removed:
             self._reply(rid, Failure.bad_request("model is not found"))
         elif not m.status.is_running:
+            if m.respawn_after_evictions:
+                m.respawn_after_evictions = False  # the OOM retry is called off; waiters fail
+                self._settle(now)
             self._reply(rid, Failure.bad_request("model is not running"))
         else:
             self._request_stop(m, "unload request")
@@ -231,9 +234,10 @@ class SchedulerCore(Settling):
             m.exit_code = 0
             m.progress = None
             data = {"status": "loaded"}
-            if isinstance(payload, dict) and payload:
-                m.loaded_info = payload
+            if payload:  # upstream: any non-empty payload is the info
                 data["info"] = payload
+                if isinstance(payload, dict):
+                    m.loaded_info = payload
             if m.load_started is not None:
                 m.last_load_seconds = now - m.load_started
                 m.load_started = None

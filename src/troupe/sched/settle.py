@@ -134,6 +134,8 @@ class Settling(CoreBase):
             self._reply(rid, Failure.server_error("model limit reached, try again later"))
         elif self._memory_admits(m):
             self._spawn(m, now, delay=0.0)
+            # Answered at once, before the child has started: a spawn that fails shows as
+            # loading -> unloaded (exit code 1) where upstream would answer 500.
             self._reply(rid, None)
         else:
             self._direct[rid] = DirectLoad(d.model, d.victim, d.victim_gen)  # freeing memory
