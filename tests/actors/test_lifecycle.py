@@ -11,7 +11,7 @@ import trio
 
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.sched import Status
-from troupe.testing.events import collect_until
+from troupe.testing.events import collect_until, drain
 from troupe.testing.router import RouterFactory
 
 
@@ -168,3 +168,19 @@ async def test_a_bug_in_one_models_actor_fails_that_model_only(fake_router: Rout
         assert "a bug in rendering" in caught.value.failure.message
         async with router.ctx.scheduler.lease("good") as grant:
             assert grant.port == router.snapshot.models["good"].port
+
+
+async def test_an_oom_load_is_retried_once_after_evicting_idle_models(fake_router: RouterFactory) -> None:
+    async with fake_router({"idle": {}, "big": {"fake-oom": "1"}}, "--models-max", "0") as router:
+        await router.ctx.scheduler.load("idle")
+        await router.wait_for_status("idle", Status.LOADED)
+        with router.ctx.scheduler.subscribe() as events:
+            with pytest.raises(ModelUnavailable) as caught:
+                async with router.ctx.scheduler.lease("big"):
+                    pass
+            loads = [e for e in drain(events) if e["event"] == "model_status" and e["model"] == "big"]
+        assert "out of memory" in caught.value.failure.message
+        assert len(loads) == 2  # the first try, and one more after the eviction
+        snap = router.snapshot
+        assert snap.models["idle"].status is Status.UNLOADED
+        assert snap.models["idle"].last_eviction == "memory for big"
