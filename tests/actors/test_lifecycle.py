@@ -170,7 +170,9 @@ async def test_a_bug_in_one_models_actor_fails_that_model_only(fake_router: Rout
             assert grant.port == router.snapshot.models["good"].port
 
 
-async def test_an_oom_load_is_retried_once_after_evicting_idle_models(fake_router: RouterFactory) -> None:
+async def test_an_oom_load_is_retried_once_after_evicting_idle_models(
+    fake_router: RouterFactory,
+) -> None:
     async with fake_router({"idle": {}, "big": {"fake-oom": "1"}}, "--models-max", "0") as router:
         await router.ctx.scheduler.load("idle")
         await router.wait_for_status("idle", Status.LOADED)
@@ -178,7 +180,9 @@ async def test_an_oom_load_is_retried_once_after_evicting_idle_models(fake_route
             with pytest.raises(ModelUnavailable) as caught:
                 async with router.ctx.scheduler.lease("big"):
                     pass
-            loads = [e for e in drain(events) if e["event"] == "model_status" and e["model"] == "big"]
+            loads = [
+                e for e in drain(events) if e["event"] == "model_status" and e["model"] == "big"
+            ]
         assert "out of memory" in caught.value.failure.message
         assert len(loads) == 2  # the first try, and one more after the eviction
         snap = router.snapshot
