@@ -162,6 +162,20 @@ class Scheduler:
     ) -> tuple[int, Grant]:
         """The two halves of `lease`, for callers that must shield only the wait."""
         rid = next(self._ids)
+        if self._nursery is not None and self._core.grants_at_once(model, autoload):
+            # The hot path: a model that is up is leased right here, without a trip
+            # through the inbox. Still the scheduler's own code changing its own core,
+            # with no await in between, so nothing can interleave; and taking a lease
+            # only ever removes TTL deadlines, so the loop's wait stays right.
+            now = trio.current_time()
+            effects = self._core.acquire(
+                rid, model, now, autoload=autoload, update_last_used=update_last_used
+            )
+            grant = next(e.result for e in effects if isinstance(e, Reply) and e.to == rid)
+            self._apply([e for e in effects if not (isinstance(e, Reply) and e.to == rid)], now)
+            self._publish()
+            assert isinstance(grant, Grant)
+            return rid, grant
         send, recv = trio.open_memory_channel[Grant | Failure | None](1)
         await self._send.send(Acquire(rid, model, autoload, update_last_used, send))
         try:
@@ -175,7 +189,8 @@ class Scheduler:
         return rid, result
 
     async def release(self, rid: int) -> None:
-        # Shielded: a cancelled request must still give back what it holds.
+        # Shielded: a cancelled request must still give back what it holds. Through the
+        # inbox: a release can make a model idle, which the loop's TTL wait must see.
         with trio.CancelScope(shield=True):
             await self._send.send(Release(rid))
 

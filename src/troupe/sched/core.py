@@ -67,6 +67,15 @@ class SchedulerCore(Settling):
             self._settle(now)
         return self._flush()
 
+    def grants_at_once(self, model: str, autoload: bool = True) -> bool:
+        """Would `acquire` answer with a lease right away (and change nothing else)?"""
+        m = self._models.get(model)
+        if self._closing or m is None or m.removed:
+            return False
+        if autoload:
+            return not m.stopping and m.status.is_ready_or_sleeping
+        return m.status.is_running and not m.spawn_pending
+
     def release(self, rid: int, now: float) -> list[Effect]:
         """A request is done with its lease, or gave up waiting (disconnect, timeout)."""
         lease = self._leases.pop(rid, None)

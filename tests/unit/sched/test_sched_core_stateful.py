@@ -123,8 +123,11 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         rid = self.ask("acquire", model, autoload, post)
         now = self.tick()
         held = child is None and self.held(model)
+        at_once = self.core.grants_at_once(model, autoload)  # the actor's inline fast path
         self.step(self.core.acquire(rid, model, now, autoload=autoload, update_last_used=post))
         r = self.replies_to(rid)
+        if at_once:
+            assert isinstance(self.one_result(r), Grant), r
         if self.closing:
             assert [x.result for x in r] == [Failure.unavailable("server is shutting down")]
         elif not autoload:
