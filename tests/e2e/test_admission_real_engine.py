@@ -9,7 +9,7 @@ event, never on a clock.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -54,8 +54,25 @@ async def complete(http: httpx.AsyncClient, model: str, results: list[tuple[str,
     results.append((model, resp.status_code))
 
 
-def waiting(model: str, n: int = 1) -> object:
+def waiting(model: str, n: int = 1) -> Callable[[Snapshot], bool]:
     return lambda s: model in s.models and s.models[model].waiting >= n
+
+
+async def loaded(router: RunningRouter, model: str) -> None:
+    await router.ctx.scheduler.load(model)
+    await router.wait_for_status(model, Status.LOADED)
+
+
+async def start_busy(
+    nursery: trio.Nursery,
+    router: RunningRouter,
+    http: httpx.AsyncClient,
+    model: str,
+    results: list[tuple[str, int]],
+) -> None:
+    """A request to ``model`` that is in flight when this returns (held 2 s by fake timing)."""
+    nursery.start_soon(complete, http, model, results)
+    await router.ctx.scheduler.wait_until(lambda s: s.models[model].in_flight >= 1)
 
 
 async def test_b_waits_while_a_serves_and_both_succeed(
@@ -66,15 +83,13 @@ async def test_b_waits_while_a_serves_and_both_succeed(
         router.client() as http,
     ):
         sched = router.ctx.scheduler
-        await sched.load("tiny-a")
-        await router.wait_for_status("tiny-a", Status.LOADED)
+        await loaded(router, "tiny-a")
         results: list[tuple[str, int]] = []
         with sched.subscribe() as events:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(complete, http, "tiny-a", results)
-                await sched.wait_until(lambda s: s.models["tiny-a"].in_flight == 1)
+                await start_busy(nursery, router, http, "tiny-a", results)
                 nursery.start_soon(complete, http, "tiny-b", results)
-                snap: Snapshot = await sched.wait_until(waiting("tiny-b"))  # type: ignore[arg-type]
+                snap: Snapshot = await sched.wait_until(waiting("tiny-b"))
                 assert snap.models["tiny-a"].status is Status.LOADED  # not evicted while busy
                 assert not snap.models["tiny-a"].stopping
             evictions = []
@@ -96,8 +111,7 @@ async def test_three_requests_for_a_missing_model_one_load_one_eviction(
         router.client() as http,
     ):
         sched = router.ctx.scheduler
-        await sched.load("tiny-a")
-        await router.wait_for_status("tiny-a", Status.LOADED)
+        await loaded(router, "tiny-a")
         results: list[tuple[str, int]] = []
         with sched.subscribe() as events:
             async with trio.open_nursery() as nursery:
@@ -119,15 +133,13 @@ async def test_a_queued_client_that_gives_up_costs_no_model_its_place(
         router.client() as http,
     ):
         sched = router.ctx.scheduler
-        await sched.load("tiny-a")
-        await router.wait_for_status("tiny-a", Status.LOADED)
+        await loaded(router, "tiny-a")
         results: list[tuple[str, int]] = []
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(complete, http, "tiny-a", results)
-            await sched.wait_until(lambda s: s.models["tiny-a"].in_flight == 1)
+            await start_busy(nursery, router, http, "tiny-a", results)
             async with trio.open_nursery() as impatient:
                 impatient.start_soon(complete, http, "tiny-b", results)
-                await sched.wait_until(waiting("tiny-b"))  # type: ignore[arg-type]
+                await sched.wait_until(waiting("tiny-b"))
                 impatient.cancel_scope.cancel()  # the client gives up while queued
             await sched.wait_until(lambda s: s.models["tiny-b"].waiting == 0)
         assert results == [("tiny-a", 200)]
@@ -145,15 +157,13 @@ async def test_two_models_queued_behind_a_busy_one_load_in_arrival_order(
         router.client() as http,
     ):
         sched = router.ctx.scheduler
-        await sched.load("tiny-a")
-        await router.wait_for_status("tiny-a", Status.LOADED)
+        await loaded(router, "tiny-a")
         results: list[tuple[str, int]] = []
         with sched.subscribe() as events:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(complete, http, "tiny-a", results)
-                await sched.wait_until(lambda s: s.models["tiny-a"].in_flight == 1)
+                await start_busy(nursery, router, http, "tiny-a", results)
                 nursery.start_soon(complete, http, "tiny-c", results)
-                await sched.wait_until(waiting("tiny-c"))  # type: ignore[arg-type]
+                await sched.wait_until(waiting("tiny-c"))
                 nursery.start_soon(complete, http, "tiny-b", results)
                 snap = await sched.wait_until(waiting("tiny-b"))
                 assert snap.models["tiny-c"].queue_position == 1
@@ -175,8 +185,7 @@ async def test_two_waiters_for_the_same_idle_model_are_both_served(
         ) as router,
         router.client() as http,
     ):
-        await router.ctx.scheduler.load("tiny-a")
-        await router.wait_for_status("tiny-a", Status.LOADED)
+        await loaded(router, "tiny-a")
         results: list[tuple[str, int]] = []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(complete, http, "tiny-a", results)
