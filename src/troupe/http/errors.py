@@ -18,6 +18,7 @@ __all__ = [
     "error_body",
     "failure_body",
     "middleware_error_body",
+    "status_of",
 ]
 
 JSON_TYPE = "application/json; charset=utf-8"
@@ -39,9 +40,14 @@ def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def status_of(type_: str) -> int:
+    """The HTTP status upstream gives an error type (500 for one it does not know)."""
+    return _STATUS_OF_TYPE.get(type_, 500)
+
+
 def error_body(message: str, type_: str) -> bytes:
     """``{"error":{"code":..,"message":..,"type":..}}`` (format_error_response)."""
-    code = _STATUS_OF_TYPE.get(type_, 500)
+    code = status_of(type_)
     return dumps({"error": {"code": code, "message": message, "type": type_}})
 
 

@@ -15,7 +15,7 @@ from quart_trio import QuartTrio
 from troupe import __version__
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.http.context import RouterContext
-from troupe.http.errors import JSON_TYPE, dumps, error_body, failure_body
+from troupe.http.errors import JSON_TYPE, dumps, error_body, failure_body, status_of
 from troupe.http.models_json import models_list
 from troupe.http.streams import register_stream_routes
 from troupe.sched import Failure
@@ -30,8 +30,7 @@ def _json(value: Any, status: int = 200) -> Response:
 
 
 def _error(message: str, type_: str) -> Response:
-    body = error_body(message, type_)
-    return Response(body, status=json.loads(body)["error"]["code"], content_type=JSON_TYPE)
+    return Response(error_body(message, type_), status=status_of(type_), content_type=JSON_TYPE)
 
 
 def _failure(failure: Failure) -> Response:
