@@ -78,8 +78,9 @@ class Relay:
     """Pooled connections to every child; `relay` proxies one request."""
 
     def __init__(self, timeout: float) -> None:
-        self.timeout = timeout  # connect; reads wait as long as the child takes (a long prefill)
-        self._pool = UpstreamPool(CHILD_HOST, connect_timeout=min(timeout, 30.0))
+        # upstream: connect and read time out after --timeout (3600 s by default); a
+        # long prefill sends nothing for a while, so reads get the whole of it.
+        self._pool = UpstreamPool(CHILD_HOST, connect_timeout=timeout, read_timeout=timeout)
 
     async def aclose(self) -> None:
         await self._pool.aclose()

@@ -9,6 +9,7 @@ body separately. Here each child port keeps a stack of idle keep-alive connectio
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 from collections.abc import AsyncIterator, Sequence
 
@@ -26,16 +27,20 @@ class UpstreamError(Exception):
 
 
 class _Connection:
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream, read_timeout: float | None) -> None:
         self.stream = stream
         self.h11 = h11.Connection(h11.CLIENT)
+        self.read_timeout = read_timeout  # longest silence from the child (--timeout)
 
     async def next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
         while True:
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            data = await self.stream.receive_some(READ_SIZE)
+            with trio.move_on_after(self.read_timeout or math.inf) as scope:
+                data = await self.stream.receive_some(READ_SIZE)
+            if scope.cancelled_caught:
+                raise UpstreamError("Read timeout")
             self.h11.receive_data(data)  # b"" marks end of stream
 
     @property
@@ -115,9 +120,15 @@ class _Chunks:
 class UpstreamPool:
     """Keep-alive connections to ``127.0.0.1:<port>`` of each child."""
 
-    def __init__(self, host: str = "127.0.0.1", connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        connect_timeout: float = 10.0,
+        read_timeout: float | None = None,
+    ) -> None:
         self.host = host
         self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
         self._idle: dict[int, list[_Connection]] = {}
 
     def _put(self, port: int, conn: _Connection) -> None:
@@ -136,7 +147,7 @@ class UpstreamPool:
         except OSError as exc:
             raise UpstreamError(f"Could not establish connection ({exc.strerror or exc})") from None
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _Connection(stream)
+        return _Connection(stream, self.read_timeout)
 
     async def request(
         self,

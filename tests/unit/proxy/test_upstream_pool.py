@@ -138,3 +138,16 @@ async def test_an_unfinished_answer_closes_its_connection_instead_of_pooling_it(
         await pool.aclose()
         nursery.cancel_scope.cancel()
     assert seen == [1]
+
+
+async def test_a_silent_child_times_out() -> None:
+    async def silent(stream: trio.SocketStream, _: int) -> None:
+        await read_request(stream)
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        port, _ = await serve(nursery, silent)
+        pool = UpstreamPool(read_timeout=0.2)
+        with pytest.raises(UpstreamError, match="Read timeout"):
+            await pool.request(port, "GET", "/", [(b"host", b"h")], b"")
+        nursery.cancel_scope.cancel()
