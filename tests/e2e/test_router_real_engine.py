@@ -6,8 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,6 +17,7 @@ import trio
 
 from troupe.sched import Status
 from troupe.testing.events import collect_until
+from troupe.testing.process import start_troupe
 from troupe.testing.router import RunningRouter, open_router
 
 pytestmark = pytest.mark.engine
@@ -149,51 +148,26 @@ def _children_of(pid: int) -> list[psutil.Process]:
         return []
 
 
-async def _start_troupe(engine: Path, models: Path, tmp_path: Path) -> tuple[trio.Process, str]:
-    proc = await trio.lowlevel.open_process(
-        [
-            sys.executable,
-            "-m",
-            "troupe",
-            "serve",
-            "--engine",
-            str(engine),
-            "--models-dir",
-            str(models),
-            "--port",
-            "0",
-            "--models-max",
-            "0",
-            *CHILD_ARGS,
-        ],
-        stderr=subprocess.PIPE,
-        env={**os.environ, "TROUPE_STATE_DIR": str(tmp_path / "state")},
-    )
-    assert proc.stderr is not None
-    buf = b""
-    with trio.fail_after(60):
-        while b"listening on http://" not in buf:
-            chunk = await proc.stderr.receive_some(65536)
-            assert chunk, buf.decode(errors="replace")
-            buf += chunk
-    url = buf.split(b"listening on ", 1)[1].split()[0].decode()
-    return proc, url
-
-
-async def _drain(stream: trio.abc.ReceiveStream) -> None:
-    while await stream.receive_some(65536):
-        pass
-
-
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
 async def test_troupe_process_leaves_no_child(
     how: str, engine_path: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    proc, url = await _start_troupe(engine_path, tiny_model_dir, tmp_path)
+    troupe = await start_troupe(
+        [
+            "--engine",
+            str(engine_path),
+            "--models-dir",
+            str(tiny_model_dir),
+            "--models-max",
+            "0",
+            *CHILD_ARGS,
+        ],
+        state_dir=tmp_path / "state",
+    )
+    proc = troupe.process
     async with trio.open_nursery() as nursery:
-        assert proc.stderr is not None
-        nursery.start_soon(_drain, proc.stderr)
-        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        nursery.start_soon(troupe.drain_log)
+        async with httpx.AsyncClient(base_url=troupe.url, timeout=60) as http:
             for name in ("tiny-a", "tiny-b", "tiny-c"):
                 resp = await http.post(
                     "/completion", json={"model": name, "prompt": "x", "n_predict": 1}

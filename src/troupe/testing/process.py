@@ -1,0 +1,53 @@
+"""troupe as a separate process, for tests of what only a process shows (signals, exit
+codes, orphans)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+import trio
+
+__all__ = ["TroupeProcess", "start_troupe"]
+
+
+@attrs.define
+class TroupeProcess:
+    process: trio.Process
+    url: str
+    log: bytes  # stderr read so far
+
+    async def read_log_until(self, marker: bytes, within: float = 30) -> None:
+        """Read stderr until ``marker`` appears (it may be there already)."""
+        assert self.process.stderr is not None
+        with trio.fail_after(within):
+            while marker not in self.log:
+                chunk = await self.process.stderr.receive_some(65536)
+                assert chunk, self.log.decode(errors="replace")
+                self.log += chunk
+
+    async def drain_log(self) -> None:
+        """Keep reading stderr so the process never blocks on a full pipe."""
+        assert self.process.stderr is not None
+        while chunk := await self.process.stderr.receive_some(65536):
+            self.log += chunk
+
+
+async def start_troupe(
+    args: Sequence[str], *, state_dir: Path, cwd: Path | None = None, within: float = 60
+) -> TroupeProcess:
+    """``python -m troupe serve ARGS --port 0``, once it listens."""
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "troupe", "serve", *args, "--port", "0"],
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TROUPE_STATE_DIR": str(state_dir)},
+        cwd=cwd,
+    )
+    started = TroupeProcess(process, "", b"")
+    await started.read_log_until(b"listening on http://", within)
+    started.url = started.log.split(b"listening on ", 1)[1].split()[0].decode()
+    return started
