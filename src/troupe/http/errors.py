@@ -3,6 +3,10 @@
 ``format_error_response`` in llama.cpp orders keys code, message, type; the global
 middleware errors (401, 404, 503 "Loading model") order them message, type, code.
 Clients and scripts compare these, so both orders are kept.
+
+Every 404 reads "File Not Found", whatever the handler meant to say: llama-server's
+HTTP library runs its error handler on any 404 and replaces the body (checked on the
+pinned build: ``POST /models/load`` of an unknown model answers exactly that).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from troupe.sched.effects import Failure
 
 __all__ = [
     "JSON_TYPE",
+    "NOT_FOUND_BODY",
     "dumps",
     "error_body",
     "failure_body",
@@ -45,13 +50,20 @@ def status_of(type_: str) -> int:
     return _STATUS_OF_TYPE.get(type_, 500)
 
 
+NOT_FOUND_BODY = b'{"error":{"message":"File Not Found","type":"not_found_error","code":404}}'
+
+
 def error_body(message: str, type_: str) -> bytes:
     """``{"error":{"code":..,"message":..,"type":..}}`` (format_error_response)."""
     code = status_of(type_)
+    if code == 404:
+        return NOT_FOUND_BODY
     return dumps({"error": {"code": code, "message": message, "type": type_}})
 
 
 def failure_body(failure: Failure) -> bytes:
+    if failure.status == 404:
+        return NOT_FOUND_BODY
     return dumps(
         {"error": {"code": failure.status, "message": failure.message, "type": failure.type}}
     )
