@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -15,7 +16,9 @@ from troupe.actors.memory import MemorySampler, ObservedStore, gpu_name
 from troupe.actors.scheduler import ModelUnavailable, Scheduler
 from troupe.catalog import Catalog, ModelEntry, build_catalog, check_startup, needs_restart
 from troupe.catalog.facts import FactsCache
+from troupe.catalog.hfcache import cache_dir
 from troupe.catalog.memory import model_need
+from troupe.catalog.removal import remove_cached
 from troupe.child.ledger import PidLedger, default_state_dir
 from troupe.engine import Engine
 from troupe.errors import ConfigError, TroupeError
@@ -215,6 +218,31 @@ class RouterContext:
     def _changed(self, name: str, fresh: Catalog) -> bool:
         old, new = self.catalog.get(name), fresh.get(name)
         return old is None or new is None or needs_restart(old.preset, new.preset)
+
+    async def remove_cached_model(self, name: str) -> None:
+        """``DELETE /models?model=``: stop it, delete its cache files, forget it (§8).
+        Canonical names only: aliases are not resolved, as upstream."""
+        entry = self.catalog.get(name)
+        if entry is None:
+            raise ModelUnavailable(Failure.server_error(f"model name={name} is not found"))
+        if not entry.can_remove:
+            raise ModelUnavailable(
+                Failure.server_error(f"model name={name} is not removable (not from cache)")
+            )
+        view = self.scheduler.snapshot.models.get(name)
+        if view is not None and view.status.is_running:
+            with contextlib.suppress(ModelUnavailable):
+                await self.scheduler.unload(name)
+            await self.scheduler.wait_until(
+                lambda s: name not in s.models or not s.models[name].status.is_running
+            )
+        cache = cache_dir(self.environ)
+        removed = await trio.to_thread.run_sync(remove_cached, cache, name)
+        log.info(
+            "removing model name=%s from cache (%s)", name, "succeeded" if removed else "partial"
+        )
+        await self.reload()
+        self.scheduler.bus.publish({"model": name, "event": "model_remove"})
 
     async def load_on_startup(self) -> None:
         """Spawn each ``load-on-startup`` model in turn, once the server listens (§6.8)."""

@@ -14,6 +14,8 @@ from quart_trio import QuartTrio
 
 from troupe import __version__
 from troupe.actors.scheduler import ModelUnavailable
+from troupe.catalog.hfcache import split_repo_tag
+from troupe.errors import ConfigError
 from troupe.http.context import RouterContext
 from troupe.http.errors import JSON_TYPE, dumps, error_body, failure_body, status_of
 from troupe.http.models_json import models_list
@@ -144,11 +146,30 @@ def create_local_app(ctx: RouterContext) -> QuartTrio:
         return response
 
     @app.post(prefix + "/models")
+    async def download() -> Response:
+        name = await _model_from_json()
+        if isinstance(name, Response):
+            return name
+        if not name:
+            return _error("model must be a non-empty string", "invalid_request_error")
+        try:
+            split_repo_tag(name)
+        except ConfigError as exc:
+            return _error(f"{exc}\n", "invalid_request_error")  # upstream's ends with a newline
+        if ctx.catalog.resolve(name) is not None:
+            return _error(f"model '{name}' already exists", "invalid_request_error")
+        return _error("downloading models is not supported by troupe yet", "not_supported_error")
+
     @app.delete(prefix + "/models")
-    async def downloads() -> Response:
-        return _error(
-            "model downloads and removal are not supported by troupe yet", "not_supported_error"
-        )
+    async def remove() -> Response:
+        name = request.args.get("model", "")
+        if not name:
+            return _error("model must be a non-empty string", "invalid_request_error")
+        try:
+            await ctx.remove_cached_model(name)
+        except ModelUnavailable as exc:
+            return _failure(exc.failure)
+        return _json({"success": True})
 
     @app.route(prefix + "/tools", methods=["GET", "POST"])
     @app.route(prefix + "/cors-proxy", methods=["GET", "POST"])
