@@ -32,6 +32,7 @@ from troupe.http.errors import dumps, error_body, failure_body
 from troupe.http.streams import owner_of
 from troupe.proxy.relay import ChildLost
 from troupe.sched import Failure, Grant, Snapshot, Status
+from troupe.sched.base import FAKE_TIMING_DELAY
 
 __all__ = [
     "BadRequest",
@@ -47,8 +48,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("troupe.http")
-
-FAKE_TIMING_DELAY = 2.0  # LLAMA_SERVER_DEBUG_FAKE_TIMING: seconds counted busy before relaying
 
 
 class BadRequest(Exception):

@@ -21,10 +21,9 @@ from troupe.http.errors import JSON_TYPE, dumps, error_body, failure_body, statu
 from troupe.http.models_json import models_list
 from troupe.http.streams import register_stream_routes
 from troupe.sched import Failure
+from troupe.sched.base import FAKE_TIMING_DELAY
 
 __all__ = ["create_local_app"]
-
-FAKE_TIMING_DELAY = 2.0
 
 
 def _json(value: Any, status: int = 200) -> Response:
