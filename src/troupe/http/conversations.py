@@ -6,6 +6,11 @@ invalidates the ticket. A request waiting under a ticket is not cancelled by its
 client going away (a page reload must not cancel the load), only by such a stop,
 which cancels the wait's scope at once rather than after the load (upstream only
 checks after). Entries never expire, as upstream.
+
+DESIGN places the tickets in the scheduler; they live here instead because nothing in
+the model table depends on them (the scheduler only sees the lease a ticket waits for),
+and this tracker, like the table, has a single writer: the HTTP handlers, on one Trio
+thread, with no await between reading and changing an entry.
 """
 
 from __future__ import annotations
