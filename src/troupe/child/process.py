@@ -24,6 +24,8 @@ __all__ = ["kill_group", "spawn_child", "stop_child"]
 
 log = logging.getLogger(__name__)
 
+EXIT_RESEND = 1.0  # seconds between exit commands while a child takes its time
+
 
 async def spawn_child(
     argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None
@@ -75,9 +77,16 @@ async def _ladder(proc: trio.Process, *, kill: bool, stop_timeout: float, term_g
         kill_group(proc.pid, signal.SIGKILL)
         await proc.wait()
         return "SIGKILL"
-    await _send_exit_command(proc)
-    if await _wait_for(proc, stop_timeout):
-        return "exit"
+    # The command is sent again every second: llama-server can drop one that arrives
+    # just as its main loop starts (it resets its stop flag), and it is idempotent.
+    deadline = trio.current_time() + stop_timeout
+    while True:
+        await _send_exit_command(proc)
+        left = deadline - trio.current_time()
+        if await _wait_for(proc, min(EXIT_RESEND, max(0.0, left))):
+            return "exit"
+        if left <= EXIT_RESEND:
+            break
     log.warning("child pid=%d ignored the exit command for %gs: SIGTERM", proc.pid, stop_timeout)
     kill_group(proc.pid, signal.SIGTERM)
     if await _wait_for(proc, term_grace):
