@@ -26,6 +26,7 @@ pytestmark = pytest.mark.engine
 
 CALLS: list[tuple[str, str, dict[str, Any]]] = [
     ("GET", "/health", {}),
+    ("GET", "/", {}),  # this engine build embeds no web UI
     ("GET", "/no/such/route", {}),
     ("POST", "/completion", {"json": {"model": "zz", "prompt": "x"}}),
     ("POST", "/completion", {"json": {"prompt": "x"}}),
