@@ -98,31 +98,26 @@ def test_missing_preset(fake_engine_path: Path, tmp_path: Path) -> None:
     assert_one_line_error(done, "preset file does not exist")
 
 
-def test_unreadable_preset(fake_engine_path: Path, tmp_path: Path) -> None:
+def serve_with_preset(engine: Path, tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
     bad = tmp_path / "bad.ini"
-    bad.write_bytes(b"[m]\nmodel = x.gguf\n[unterminated\n")
-    done = run_troupe(
+    bad.write_text(text)
+    return run_troupe(
         "serve",
         "--engine",
-        str(fake_engine_path),
+        str(engine),
         "--models-preset",
         str(bad),
         env={"TROUPE_STATE_DIR": str(tmp_path)},
     )
+
+
+def test_unreadable_preset(fake_engine_path: Path, tmp_path: Path) -> None:
+    done = serve_with_preset(fake_engine_path, tmp_path, "[m]\nmodel = x.gguf\n[unterminated\n")
     assert_one_line_error(done, "failed to initialize router models")
 
 
 def test_unknown_preset_key(fake_engine_path: Path, tmp_path: Path) -> None:
-    bad = tmp_path / "bad.ini"
-    bad.write_text("[m]\nmodel = x.gguf\nno-such-key = 1\n")
-    done = run_troupe(
-        "serve",
-        "--engine",
-        str(fake_engine_path),
-        "--models-preset",
-        str(bad),
-        env={"TROUPE_STATE_DIR": str(tmp_path)},
-    )
+    done = serve_with_preset(fake_engine_path, tmp_path, "[m]\nmodel = x.gguf\nno-such-key = 1\n")
     assert_one_line_error(done, "option 'no-such-key' not recognized in preset 'm'")
 
 
