@@ -42,6 +42,7 @@ class Acquire:
     autoload: bool
     update_last_used: bool
     reply: ReplyChannel
+    ready_only: bool = False  # grant only a model that is loaded now; never wait
 
 
 @attrs.frozen

@@ -81,6 +81,7 @@ class Scheduler:
         ledger: PidLedger | None = None,
         inbox_size: int = 1024,
         sampler: MemorySampler | None = None,
+        child_gone: Callable[[str, int], None] | None = None,
     ) -> None:
         self._core = core
         self._launcher = launcher
@@ -96,6 +97,8 @@ class Scheduler:
         self._watchers: list[tuple[Callable[[Snapshot], bool], trio.Event]] = []
         self._sampler = sampler
         self._remembered: dict[str, Mapping[str, int]] = {}
+        # Told when a child exits, so the transport drops its connections (never raises).
+        self._child_gone = child_gone
 
     # ----- reading -------------------------------------------------------------------
 
@@ -157,19 +160,43 @@ class Scheduler:
         finally:
             await self.release(rid)
 
+    @asynccontextmanager
+    async def lease_if_ready(self, model: str) -> AsyncIterator[Grant | None]:
+        """Hold ``model`` inside the block if it is loaded right now, else yield None:
+        never waits, never loads (the resumable-stream routes, spec §10)."""
+        try:
+            rid, grant = await self.acquire(model, ready_only=True, update_last_used=False)
+        except ModelUnavailable:
+            yield None
+            return
+        try:
+            yield grant
+        finally:
+            await self.release(rid)
+
     async def acquire(
-        self, model: str, *, autoload: bool = True, update_last_used: bool = True
+        self,
+        model: str,
+        *,
+        autoload: bool = True,
+        update_last_used: bool = True,
+        ready_only: bool = False,
     ) -> tuple[int, Grant]:
         """The two halves of `lease`, for callers that must shield only the wait."""
         rid = next(self._ids)
-        if self._nursery is not None and self._core.grants_at_once(model, autoload):
+        if self._nursery is not None and self._core.grants_at_once(model, autoload, ready_only):
             # The hot path: a model that is up is leased right here, without a trip
             # through the inbox. Still the scheduler's own code changing its own core,
             # with no await in between, so nothing can interleave; and taking a lease
             # only ever removes TTL deadlines, so the loop's wait stays right.
             now = trio.current_time()
             effects = self._core.acquire(
-                rid, model, now, autoload=autoload, update_last_used=update_last_used
+                rid,
+                model,
+                now,
+                autoload=autoload,
+                update_last_used=update_last_used,
+                ready_only=ready_only,
             )
             grant = next(e.result for e in effects if isinstance(e, Reply) and e.to == rid)
             self._apply([e for e in effects if not (isinstance(e, Reply) and e.to == rid)], now)
@@ -177,7 +204,7 @@ class Scheduler:
             assert isinstance(grant, Grant)
             return rid, grant
         send, recv = trio.open_memory_channel[Grant | Failure | None](1)
-        await self._send.send(Acquire(rid, model, autoload, update_last_used, send))
+        await self._send.send(Acquire(rid, model, autoload, update_last_used, send, ready_only))
         try:
             result = await recv.receive()
         except BaseException:
@@ -250,6 +277,7 @@ class Scheduler:
                     now,
                     autoload=msg.autoload,
                     update_last_used=msg.update_last_used,
+                    ready_only=msg.ready_only,
                 )
             case Release():
                 return core.release(msg.rid, now)
@@ -278,6 +306,7 @@ class Scheduler:
                 inst = self._instances.get(msg.model)
                 if inst is not None and inst.gen == msg.gen:
                     del self._instances[msg.model]
+                self._forget_child(msg.model, msg.gen)
                 return core.exited(
                     msg.model,
                     msg.gen,
@@ -331,6 +360,14 @@ class Scheduler:
         self._instances[effect.model] = inst
         self._nursery.start_soon(inst.run, effect.delay)
         return []
+
+    def _forget_child(self, model: str, gen: int) -> None:
+        if self._child_gone is None:
+            return
+        try:
+            self._child_gone(model, gen)
+        except Exception:  # the transport's trouble must not take the scheduler down
+            log.exception("dropping the connections of %s failed", model)
 
     def _reply(self, effect: Reply, now: float) -> list[Effect]:
         channel = self._replies.pop(effect.to, None)

@@ -81,8 +81,12 @@ class RouterContext:
             memory=MemoryLedger(margin) if margin is not None else None,
         )
         sampler = MemorySampler(self._reader) if margin is not None else None
-        self.scheduler = Scheduler(core, self, ledger=ledger, sampler=sampler)
+        # One transport for every byte sent to a child; the scheduler tells it when a
+        # child is gone, so no connection to a dead child stays open or is reused.
         self.relay = Relay(float(settings.timeout))
+        self.scheduler = Scheduler(
+            core, self, ledger=ledger, sampler=sampler, child_gone=self.relay.forget
+        )
         self.conversations = ConversationTracker()
         self.ready = False
         self.http_stop = trio.Event()

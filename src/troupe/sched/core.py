@@ -35,13 +35,20 @@ class SchedulerCore(Settling):
         *,
         autoload: bool = True,
         update_last_used: bool = True,
+        ready_only: bool = False,
     ) -> list[Effect]:
-        """A request wants to use ``model``; answered now or when the model is ready."""
+        """A request wants to use ``model``; answered now or when the model is ready.
+        ``ready_only``: answered now either way, with a lease only if it is loaded."""
         m = self._models.get(model)
         if self._closing:
             self._reply(rid, Failure.unavailable("server is shutting down"))
         elif m is None or m.removed:
             self._reply(rid, Failure.server_error(f"model name={model} is not found"))
+        elif ready_only:
+            if m.status is Status.LOADED and not m.stopping:
+                self._grant(rid, m, update_last_used, now, waited=False)
+            else:
+                self._reply(rid, Failure.not_found(f"model name={model} is not loaded"))
         elif not autoload:
             # Upstream proxies to any running child without waiting, even one still loading
             # (which answers 503 itself); one not started yet has no port to proxy to.
@@ -67,11 +74,13 @@ class SchedulerCore(Settling):
             self._settle(now)
         return self._flush()
 
-    def grants_at_once(self, model: str, autoload: bool = True) -> bool:
+    def grants_at_once(self, model: str, autoload: bool = True, ready_only: bool = False) -> bool:
         """Would `acquire` answer with a lease right away (and change nothing else)?"""
         m = self._models.get(model)
         if self._closing or m is None or m.removed:
             return False
+        if ready_only:
+            return m.status is Status.LOADED and not m.stopping
         if autoload:
             return not m.stopping and m.status.is_ready_or_sleeping
         return m.status.is_running and not m.spawn_pending
