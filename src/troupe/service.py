@@ -125,10 +125,14 @@ async def shutdown(ctx: RouterContext) -> None:
     with trio.move_on_after(SHUTDOWN_GRACE):
         await ctx.scheduler.drain()  # waiters answered, no new load
     drain = ctx.settings.drain_timeout
-    with trio.move_on_after(drain + HTTP_GRACE) as scope:
-        await ctx.stop_http()  # requests in flight get up to --drain-timeout
+    with trio.move_on_after(drain) as scope:  # requests in flight get up to --drain-timeout
+        await ctx.scheduler.wait_until(lambda s: not any(m.in_flight for m in s.models.values()))
     if scope.cancelled_caught:
-        log.error("HTTP requests still open %gs after the drain began", drain + HTTP_GRACE)
+        log.warning("requests still in flight after the %gs drain: cutting them", drain)
+    with trio.move_on_after(HTTP_GRACE) as scope:
+        await ctx.stop_http()
+    if scope.cancelled_caught:
+        log.error("HTTP handlers still running %gs after the server was stopped", HTTP_GRACE)
     deadline = ctx.max_stop_seconds() + SHUTDOWN_GRACE
     with trio.move_on_after(deadline) as scope:
         await ctx.scheduler.stop_all()

@@ -14,10 +14,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import trio
 
 from troupe.sched import Status
+from troupe.service import shutdown
 from troupe.testing.events import drain
 from troupe.testing.hfcache import COMMIT
 from troupe.testing.hfcache import write_hf_cache as hf_cache
@@ -203,3 +205,48 @@ async def test_a_failed_memory_reading_does_not_hold_loads_forever(
             assert resp.status_code == 200, resp.text
             warnings = [e for e in drain(events) if e["event"] == "troupe_memory"]
         assert "memory could not be read" in warnings[0]["data"]["warning"]
+
+
+async def test_shutdown_drains_requests_in_flight_and_answers_the_waiting(
+    engine_path: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # LLAMA_SERVER_DEBUG_FAKE_TIMING holds a proxied request 2 s in flight (spec §12):
+    # the shutdown must let it finish, answer the request queued for another model at
+    # once, start no load, and then stop every child.
+    ini = preset(
+        tmp_path / "p.ini",
+        {
+            "a": {"model": str(tiny_model_dir / "tiny-a.gguf")},
+            "b": {"model": str(tiny_model_dir / "tiny-b.gguf")},
+        },
+    )
+    env = {**os.environ, "LLAMA_SERVER_DEBUG_FAKE_TIMING": "1"}
+    args = ["--models-preset", str(ini), *CHILD_ARGS, "--models-max", "1"]
+    results: dict[str, httpx.Response] = {}
+    async with (
+        open_router(args, engine=engine_path, state_dir=tmp_path / "s", environ=env) as router,
+        router.client() as http,
+    ):
+        await router.ctx.scheduler.load("a")
+        await router.wait_for_status("a", Status.LOADED)
+
+        async def ask(model: str) -> None:
+            results[model] = await http.post(
+                "/completion",
+                json={"model": model, "prompt": "hi", "n_predict": 8, "stream": True},
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, "a")
+            await router.ctx.scheduler.wait_until(lambda s: s.models["a"].in_flight == 1)
+            nursery.start_soon(ask, "b")
+            await router.ctx.scheduler.wait_until(lambda s: s.models["b"].waiting == 1)
+            pid = router.snapshot.models["a"].pid
+            with trio.fail_after(30):
+                await shutdown(router.ctx)
+        assert results["b"].status_code == 503
+        assert results["b"].json()["error"]["message"] == "server is shutting down"
+        assert results["a"].status_code == 200
+        assert '"stop":true' in results["a"].text, results["a"].text  # the whole stream
+        assert router.snapshot.models["b"].status is Status.UNLOADED  # never started
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

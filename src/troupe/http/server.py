@@ -16,6 +16,8 @@ from troupe.http.routes import create_local_app
 
 __all__ = ["hypercorn_config", "serve_http"]
 
+GRACEFUL_TIMEOUT = 1.0
+
 
 def _bind(host: str, port: int) -> str:
     if host.endswith(".sock"):
@@ -30,7 +32,9 @@ def hypercorn_config(ctx: RouterContext) -> Config:
     config = Config()
     config.bind = [_bind(h, s.port) for h in s.hosts]
     config.include_server_header = False  # every response says "Server: llama.cpp" instead
-    config.graceful_timeout = s.drain_timeout  # requests in flight may finish (the drain)
+    # The drain already let requests in flight finish; what is left (idle keep-alive
+    # connections, a request cut at the drain deadline) gets this long.
+    config.graceful_timeout = GRACEFUL_TIMEOUT
     config.keep_alive_timeout = 5
     config.read_timeout = s.timeout
     config.websocket_max_message_size = s.ws_max_message_bytes
