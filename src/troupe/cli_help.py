@@ -75,6 +75,8 @@ troupe's own:
                             then llama-server on PATH)
   --log-level LEVEL         debug, info, warning or error (default: info)
                             (env: TROUPE_LOG_LEVEL)
+  --log-format FORMAT       text, or json: one object per line with time, level,
+                            logger, model and message (env: TROUPE_LOG_FORMAT)
 
 every other llama-server flag (--ctx-size, --n-gpu-layers, --temp, --jinja, ...)
 is accepted, checked against the engine's own option list, and passed to every

@@ -43,6 +43,7 @@ class LaunchSpec:
     stop_timeout: float = 10.0
     term_grace: float = 5.0
     cwd: Path | None = None
+    log_sink: Callable[[str], None] | None = None  # each stderr line (the model's log store)
 
 
 def _describe_exit(returncode: int) -> str:
@@ -209,9 +210,11 @@ class Instance:
     async def _read_stderr(self, stream: trio.abc.ReceiveStream) -> None:
         async for line in iter_lines(stream):
             self.log.append(line)
+            if self.spec.log_sink is not None:
+                self.spec.log_sink(line)
             if self.failure is None:
                 kind = classify_line(line)
                 if kind is not None:
                     self.failure = (kind, line.strip())
                     log.warning("%s reported %s: %s", self.model, kind.value, line.strip())
-            child_log.info("[%s] %s", self.model, line)
+            child_log.info("[%s] %s", self.model, line, extra={"model": self.model})

@@ -96,6 +96,7 @@ class Scheduler:
         self._watchers: list[tuple[Callable[[Snapshot], bool], trio.Event]] = []
         self._sampler = sampler
         self._remembered: dict[str, Mapping[str, int]] = {}
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
 
     # ----- reading -------------------------------------------------------------------
 
@@ -134,6 +135,12 @@ class Scheduler:
             if entry in self._watchers:
                 self._watchers.remove(entry)
         return self.snapshot
+
+    def add_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``listener`` with every event as it is emitted, inside the scheduler (for
+        counters, which must see every event; the SSE bus drops slow subscribers). It
+        must be quick and never block; an exception it raises is logged and ignored."""
+        self._listeners.append(listener)
 
     @contextmanager
     def subscribe(self) -> Iterator[trio.MemoryReceiveChannel[dict[str, Any]]]:
@@ -316,7 +323,15 @@ class Scheduler:
                     event: dict[str, Any] = {"model": effect.model, "event": effect.event}
                     if effect.data is not None:
                         event["data"] = effect.data
+                    self._notify(event)
                     self.bus.publish(event)
+
+    def _notify(self, event: dict[str, Any]) -> None:
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not take the scheduler down
+                log.exception("event listener %r failed", listener)
 
     def _spawn(self, effect: Spawn, now: float) -> list[Effect]:
         assert self._nursery is not None

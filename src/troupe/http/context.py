@@ -25,6 +25,8 @@ from troupe.errors import ConfigError, TroupeError
 from troupe.gguf import ModelFacts
 from troupe.hardware.devices import DeviceReader
 from troupe.http.conversations import ConversationTracker
+from troupe.ops.logs import ModelLogs
+from troupe.ops.metrics import RouterMetrics
 from troupe.proxy.relay import Relay
 from troupe.sched import Failure, ModelConfig, SchedulerCore, Status
 from troupe.sched.memory import MemoryLedger
@@ -82,7 +84,12 @@ class RouterContext:
         )
         sampler = MemorySampler(self._reader) if margin is not None else None
         self.scheduler = Scheduler(core, self, ledger=ledger, sampler=sampler)
-        self.relay = Relay(float(settings.timeout))
+        # Operations (troupe.ops): counters and every model's log, fed by the scheduler.
+        self.metrics = RouterMetrics(settings.api_prefix)
+        self.logs = ModelLogs()
+        self.scheduler.add_listener(self.metrics.on_event)
+        self.scheduler.add_listener(self.logs.on_event)
+        self.relay = Relay(float(settings.timeout), observe=self.metrics.observe_relay)
         self.conversations = ConversationTracker()
         self.ready = False
         self.http_stop = trio.Event()
@@ -135,6 +142,7 @@ class RouterContext:
             stop_timeout=float(entry.stop_timeout),
             term_grace=entry.term_grace,
             cwd=self.catalog.cwd,
+            log_sink=self.logs.writer(model),
         )
 
     def render_args(self, entry: ModelEntry, port: int) -> list[str]:
