@@ -124,7 +124,8 @@
 
   function bytes(perDevice) {
     if (!perDevice) return "-";
-    const parts = Object.entries(perDevice).map(([dev, n]) => `${dev} ${(n / GIB).toFixed(2)} GiB`);
+    const size = (n) => n >= GIB ? (n / GIB).toFixed(2) + " GiB" : (n / 2 ** 20).toFixed(1) + " MiB";
+    const parts = Object.entries(perDevice).map(([dev, n]) => `${dev} ${size(n)}`);
     return parts.length ? parts.join(", ") : "-";
   }
 
@@ -385,6 +386,7 @@
       showError(String(err));
     }
     if (signal.aborted) return;
+    $("key-error").textContent = "";
     $("forget-key").hidden = !apiKey;
     const live = () => {
       setConnection("live");
