@@ -98,9 +98,9 @@ def register_ops_routes(app: QuartTrio, ctx: RouterContext) -> None:
         model: str | None = None
         if name:
             entry = ctx.catalog.resolve(name)
-            if entry is None:
-                body = error_body(f"model '{name}' not found", "not_found_error")
-                return Response(body, status=404, content_type=JSON_TYPE)
+            if entry is None:  # as the proxied routes answer an unknown model
+                body = error_body(f"model '{name}' not found", "invalid_request_error")
+                return Response(body, status=400, content_type=JSON_TYPE)
             model = entry.name
         lines = request.args.get("lines", "")
         if lines and not lines.isdigit():
