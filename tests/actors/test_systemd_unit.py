@@ -16,15 +16,12 @@ import pytest
 import trio
 
 from troupe.catalog.entry import DEFAULT_STOP_TIMEOUT, ModelEntry
-from troupe.service import SHUTDOWN_GRACE
+from troupe.service import HTTP_GRACE, SHUTDOWN_GRACE
 from troupe.settings.router import RouterSettings
 from troupe.testing.process import start_troupe
 from troupe.testing.router import write_preset
 
 UNIT = Path(__file__).resolve().parents[2] / "configs" / "troupe.service"
-# The drain on SIGTERM (issue 10: in-flight requests finish up to --drain-timeout); 30 s
-# until the setting exists.
-DRAIN_TIMEOUT = float(getattr(RouterSettings(), "drain_timeout", 30.0))
 
 
 def service() -> configparser.SectionProxy:
@@ -37,7 +34,12 @@ def service() -> configparser.SectionProxy:
 def test_stop_timeout_covers_drain_ladders_and_grace() -> None:
     unit = service()
     term_grace = ModelEntry.__attrs_attrs__.term_grace.default  # type: ignore[attr-defined]
-    whole_stop = DRAIN_TIMEOUT + DEFAULT_STOP_TIMEOUT + term_grace + SHUTDOWN_GRACE
+    # service.shutdown: waiters answered (at most SHUTDOWN_GRACE), requests in flight drain
+    # (--drain-timeout, plus HTTP_GRACE for handlers to end once cut), then every child's
+    # ladder in parallel (stop-timeout + term-grace, plus SHUTDOWN_GRACE before SIGKILL).
+    drain = RouterSettings().drain_timeout
+    ladder = DEFAULT_STOP_TIMEOUT + term_grace
+    whole_stop = SHUTDOWN_GRACE + drain + HTTP_GRACE + ladder + SHUTDOWN_GRACE
     timeout = unit["TimeoutStopSec"]
     assert timeout.isdigit()
     assert int(timeout) > whole_stop

@@ -76,7 +76,7 @@ class Front:
         elif route is Route.PROXY_GET:
             await handle_proxy_get(self.ctx, scope, receive, send)
         elif route is Route.STREAM_GET:
-            await handle_stream_get(self.ctx, scope, send)
+            await handle_stream_get(self.ctx, scope, receive, send)
         elif route is Route.LOCAL:
             await self.local(scope, receive, send)
         else:

@@ -90,7 +90,7 @@ def create_local_app(ctx: RouterContext) -> QuartTrio:
     async def models() -> Response:
         if request.args.get("reload", ""):
             try:
-                await ctx.reload()
+                await ctx.scheduler.reload()
             except ModelUnavailable as exc:
                 return _failure(exc.failure)
         return _json(models_list(ctx, int(time.time())))
@@ -166,7 +166,7 @@ def create_local_app(ctx: RouterContext) -> QuartTrio:
         if not name:
             return _error("model must be a non-empty string", "invalid_request_error")
         try:
-            await ctx.remove_cached_model(name)
+            await ctx.scheduler.remove(name)
         except ModelUnavailable as exc:
             return _failure(exc.failure)
         return _json({"success": True})

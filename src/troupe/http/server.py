@@ -16,8 +16,6 @@ from troupe.http.routes import create_local_app
 
 __all__ = ["hypercorn_config", "serve_http"]
 
-GRACEFUL_TIMEOUT = 3.0  # open requests get this long once shutdown starts
-
 
 def _bind(host: str, port: int) -> str:
     if host.endswith(".sock"):
@@ -32,7 +30,7 @@ def hypercorn_config(ctx: RouterContext) -> Config:
     config = Config()
     config.bind = [_bind(h, s.port) for h in s.hosts]
     config.include_server_header = False  # every response says "Server: llama.cpp" instead
-    config.graceful_timeout = GRACEFUL_TIMEOUT
+    config.graceful_timeout = s.drain_timeout  # requests in flight may finish (the drain)
     config.keep_alive_timeout = 5
     config.read_timeout = s.timeout
     config.websocket_max_message_size = s.ws_max_message_bytes

@@ -8,7 +8,7 @@ is structured with cattrs so a mistake names the key's path and what was expecte
                ssl_cert_file, cors_origins, cors_methods, cors_headers, cors_credentials
     [models]   dir, preset, max, autoload, sleep_idle_seconds, memory_margin_mib
     [troupe]   engine, log_level, log_format, state_dir, max_body_mib, ws_max_message_mib,
-               queue_max, queue_timeout
+               queue_max, queue_timeout, load_timeout, drain_timeout
     [child]    any llama-server option, forwarded to every child ("ctx-size" = 4096)
 """
 
@@ -67,6 +67,8 @@ class TroupeSection:
     ws_max_message_mib: int | None = None
     queue_max: int | None = None
     queue_timeout: float | None = None
+    load_timeout: float | str | None = None
+    drain_timeout: float | None = None
 
 
 @attrs.frozen
@@ -109,6 +111,8 @@ _TROUPE = {
     "ws_max_message_mib": "--ws-max-message-mib",
     "queue_max": "--queue-max",
     "queue_timeout": "--queue-timeout",
+    "load_timeout": "--load-timeout",
+    "drain_timeout": "--drain-timeout",
 }
 
 
@@ -137,6 +141,13 @@ def _converter() -> cattrs.Converter:
         raise TypeError('expected a number of MiB or "off"')
 
     conv.register_structure_hook(int | str | None, int_or_text)
+
+    def seconds_or_off(value: Any, _: type) -> float | str | None:
+        if isinstance(value, int | float | str) and not isinstance(value, bool):
+            return value
+        raise TypeError('expected a number of seconds or "off"')
+
+    conv.register_structure_hook(float | str | None, seconds_or_off)
     return conv
 
 

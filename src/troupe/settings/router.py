@@ -79,6 +79,8 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--models-memory-margin", hint="MIB", env="TROUPE_MODELS_MEMORY_MARGIN"),
     _opt("--queue-timeout", hint="SECONDS", env="TROUPE_QUEUE_TIMEOUT"),
     _opt("--ws-max-message-mib", hint="N", env="TROUPE_WS_MAX_MESSAGE_MIB"),
+    _opt("--load-timeout", hint="SECONDS", env="TROUPE_LOAD_TIMEOUT"),
+    _opt("--drain-timeout", hint="SECONDS", env="TROUPE_DRAIN_TIMEOUT"),
 )
 
 
@@ -119,6 +121,9 @@ class RouterSettings:
     ws_max_message_bytes: int = 16 << 20  # WebSocket message limit, both directions
     queue_max: int = 0  # requests waiting for a model at once; 0: no limit
     queue_timeout: float | None = None  # longest wait for a model; None: no limit
+    # A load that shows no progress (no output from its child) for this long is killed.
+    load_timeout: float | None = 300.0
+    drain_timeout: float = 30.0  # on SIGTERM, how long requests in flight may finish
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20
     # Every llama-server option from the command line, forwarded to children (spec §2.5).
@@ -240,6 +245,20 @@ def _timeout(text: str) -> float | None:
     return seconds
 
 
+def _seconds(spelling: str, text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise UsageError(f"invalid value for {spelling}: '{text}' (expected seconds)") from None
+    if not 0 < seconds < float("inf"):
+        raise UsageError(f"invalid value for {spelling}: '{text}' (expected seconds > 0)")
+    return seconds
+
+
+def _seconds_or_off(spelling: str, text: str) -> float | None:
+    return None if text.strip().lower() == "off" else _seconds(spelling, text)
+
+
 def _read_api_keys(path: Path) -> tuple[str, ...]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -334,6 +353,8 @@ def build_settings(
         ws_max_message_bytes=_mib(own, "--ws-max-message-mib", 16),
         queue_max=_non_negative(own.integer("--queue-max", 0), "--queue-max"),
         queue_timeout=_timeout(own.text("--queue-timeout", "")),
+        load_timeout=_seconds_or_off("--load-timeout", own.text("--load-timeout", "300")),
+        drain_timeout=_seconds("--drain-timeout", own.text("--drain-timeout", "30")),
         memory_margin_bytes=_margin(own.text("--models-memory-margin", "1024")),
         base_args=tuple({**(config or {}), **cli}.items()),
     )
