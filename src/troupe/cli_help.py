@@ -75,6 +75,8 @@ troupe's own:
                             then llama-server on PATH)
   --log-level LEVEL         debug, info, warning or error (default: info)
                             (env: TROUPE_LOG_LEVEL)
+  --log-format FORMAT       text, or json: one object per line with time, level,
+                            logger, model and message (env: TROUPE_LOG_FORMAT)
   --state-dir PATH          PID ledger and memory observations
   --queue-max N             most requests waiting for models; beyond: 503 (default: 0,
                             no limit)

@@ -27,6 +27,7 @@ from troupe.engine import Engine
 from troupe.errors import TroupeError
 from troupe.http.context import RouterContext, build_context
 from troupe.http.server import serve_http
+from troupe.ops.ready import ready_line
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
 
@@ -116,6 +117,7 @@ async def serve_router(
         for url in urls:
             # Always shown, whatever the log level: with --port 0 it is how to find the port.
             log.log(max(logging.INFO, log.getEffectiveLevel()), "listening on %s", url)
+        log.log(max(logging.INFO, log.getEffectiveLevel()), "%s", ready_line(ctx, urls))
         task_status.started(urls)
         await ctx.load_on_startup()
 

@@ -46,6 +46,7 @@ class LaunchSpec:
     # Kill a load whose child prints nothing (no state line, no log line) for this long:
     # a child stopped or hung while loading must not hold its slot and waiters forever.
     load_timeout: float | None = None
+    log_sink: Callable[[str], None] | None = None  # each stderr line (the model's log store)
 
 
 def _describe_exit(returncode: int) -> str:
@@ -244,9 +245,11 @@ class Instance:
         async for line in iter_lines(stream):
             self._last_output = trio.current_time()
             self.log.append(line)
+            if self.spec.log_sink is not None:
+                self.spec.log_sink(line)
             if self.failure is None:
                 kind = classify_line(line)
                 if kind is not None:
                     self.failure = (kind, line.strip())
                     log.warning("%s reported %s: %s", self.model, kind.value, line.strip())
-            child_log.info("[%s] %s", self.model, line)
+            child_log.info("[%s] %s", self.model, line, extra={"model": self.model})

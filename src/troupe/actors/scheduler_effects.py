@@ -9,7 +9,7 @@ and reports back as a message; nothing here awaits inside a dispatch.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import trio
@@ -93,6 +93,13 @@ class EffectRunner:
         # Blocking work, one call at a time per kind (file writes must not interleave).
         self._scan_limit = trio.CapacityLimiter(1)
         self._save_limit = trio.CapacityLimiter(1)
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    def add_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``listener`` with every event as it is emitted, inside the scheduler (for
+        counters, which must see every event; the SSE bus drops slow subscribers). It
+        must be quick and never block; an exception it raises is logged and ignored."""
+        self._listeners.append(listener)
 
     @property
     def catalogue(self) -> PreparedCatalog:
@@ -127,12 +134,20 @@ class EffectRunner:
                     event: dict[str, Any] = {"model": effect.model, "event": effect.event}
                     if effect.data is not None:
                         event["data"] = effect.data
+                    self._notify(event)
                     self.bus.publish(event)
                 case Reloaded():
                     self._swap_catalogue(effect)
                 case DeleteFiles():
                     self._removing[effect.rid] = effect.model
                     self._start_scan(effect.rid, effect.model)
+
+    def _notify(self, event: dict[str, Any]) -> None:
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not take the scheduler down
+                log.exception("event listener %r failed", listener)
 
     def _spawn(self, effect: Spawn, now: float) -> list[Effect]:
         assert self._nursery is not None

@@ -33,6 +33,8 @@ from troupe.errors import ConfigError, TroupeError
 from troupe.gguf import ModelFacts
 from troupe.hardware.devices import DeviceReader
 from troupe.http.conversations import ConversationTracker
+from troupe.ops.logs import ModelLogs
+from troupe.ops.metrics import RouterMetrics
 from troupe.proxy.relay import Relay
 from troupe.sched import ModelConfig, SchedulerCore
 from troupe.sched.memory import MemoryLedger
@@ -92,10 +94,14 @@ class RouterContext:
         sampler = MemorySampler(self._reader) if margin is not None else None
         # One transport for every byte sent to a child; the scheduler tells it when a
         # child is gone, so no connection to a dead child stays open or is reused.
-        self.relay = Relay(float(settings.timeout))
+        self.metrics = RouterMetrics(settings.api_prefix)  # troupe.ops: fed by the scheduler
+        self.logs = ModelLogs()  # every model's log, across its children
+        self.relay = Relay(float(settings.timeout), observe=self.metrics.observe_relay)
         self.scheduler = Scheduler(
             core, self, prepared, ledger=ledger, sampler=sampler, child_gone=self.relay.forget
         )
+        self.scheduler.add_listener(self.metrics.on_event)
+        self.scheduler.add_listener(self.logs.on_event)
         self.conversations = ConversationTracker()
         self.ready = False
         self.http_stop = trio.Event()
@@ -183,6 +189,7 @@ class RouterContext:
             term_grace=entry.term_grace,
             cwd=self.catalog.cwd,
             load_timeout=self.settings.load_timeout,
+            log_sink=self.logs.writer(model),
         )
 
     def render_args(self, entry: ModelEntry, port: int) -> list[str]:

@@ -201,7 +201,10 @@ async def _lease_and_relay(
     try:
         # A conversation's wait ignores the client going away (a page reload must not
         # cancel the load); only a stop of the conversation cancels it (§6.6).
-        with trio.CancelScope(shield=bool(ticket)) as wait_scope:
+        with (
+            trio.CancelScope(shield=bool(ticket)) as wait_scope,
+            ctx.metrics.time_queue_wait(entry.name),
+        ):
             if ticket:
                 tracker.attach(conv_id, ticket, wait_scope)
             rid, grant = await acquire_within(

@@ -44,6 +44,7 @@ _DROP_RESPONSE = frozenset(
     }
 )
 CLOSE_GRACE = 2.0  # seconds to close an upstream response when the client went away
+Observe = Callable[[Scope, Send, int], Send]  # wraps one response's send (troupe.ops.metrics)
 
 
 def request_headers(scope: Scope, port: int) -> list[tuple[bytes, bytes]]:
@@ -77,10 +78,11 @@ def response_headers(upstream: UpstreamResponse) -> list[tuple[bytes, bytes]]:
 class Relay:
     """Pooled connections to every child; `relay` proxies one request."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, observe: Observe | None = None) -> None:
         # upstream: connect and read time out after --timeout (3600 s by default); a
         # long prefill sends nothing for a while, so reads get the whole of it.
         self._pool = UpstreamPool(CHILD_HOST, connect_timeout=timeout, read_timeout=timeout)
+        self._observe: Observe = observe or (lambda scope, send, body_bytes: send)
 
     async def aclose(self) -> None:
         await self._pool.aclose()
@@ -131,6 +133,7 @@ class Relay:
         ``crash_detail``: why the child died (its last log lines), asked for when the
         connection breaks, so the client learns more than "connection lost".
         """
+        send = self._observe(scope, send, len(body))  # metrics: status and bytes relayed
         target = path or scope.get("raw_path", b"").decode("latin-1") or scope["path"]
         if scope.get("query_string") and "?" not in target:
             target += "?" + scope["query_string"].decode("latin-1")

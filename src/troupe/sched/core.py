@@ -333,6 +333,8 @@ class SchedulerCore(Settling):
             m.last_error = detail
         if was_running:
             self._emit(model, "status_change", {"status": "unloaded", "exit_code": code})
+            # troupe's own: did troupe ask for it, and was it OOM (metrics, logs, dashboard)
+            self._emit(model, "troupe_exit", {"exit_code": code, "expected": expected, "oom": oom})
         if oom and was_loading and not expected and self._retry_after_oom(m):
             pass  # its waiters keep waiting for the second try
         elif not expected:

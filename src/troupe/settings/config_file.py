@@ -7,8 +7,8 @@ is structured with cattrs so a mistake names the key's path and what was expecte
     [server]   host, port, api_prefix, timeout, api_keys, api_key_file, ssl_key_file,
                ssl_cert_file, cors_origins, cors_methods, cors_headers, cors_credentials
     [models]   dir, preset, max, autoload, sleep_idle_seconds, memory_margin_mib
-    [troupe]   engine, log_level, state_dir, max_body_mib, ws_max_message_mib, queue_max,
-               queue_timeout, load_timeout, drain_timeout
+    [troupe]   engine, log_level, log_format, state_dir, max_body_mib, ws_max_message_mib,
+               queue_max, queue_timeout, load_timeout, drain_timeout
     [child]    any llama-server option, forwarded to every child ("ctx-size" = 4096)
 """
 
@@ -61,6 +61,7 @@ class ModelsSection:
 class TroupeSection:
     engine: str | None = None
     log_level: str | None = None
+    log_format: str | None = None
     state_dir: str | None = None
     max_body_mib: int | None = None
     ws_max_message_mib: int | None = None
@@ -104,6 +105,7 @@ _MODELS_OWN = {"memory_margin_mib": "--models-memory-margin"}
 _TROUPE = {
     "engine": "--engine",
     "log_level": "--log-level",
+    "log_format": "--log-format",
     "state_dir": "--state-dir",
     "max_body_mib": "--max-body-mib",
     "ws_max_message_mib": "--ws-max-message-mib",

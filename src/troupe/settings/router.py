@@ -21,6 +21,7 @@ __all__ = [
     "TROUPE_OPTIONS",
     "RouterSettings",
     "build_settings",
+    "log_format",
     "with_router_options",
 ]
 
@@ -71,6 +72,7 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--engine", hint="PATH", env="TROUPE_ENGINE"),
     _opt("--config", hint="PATH", env="TROUPE_CONFIG"),
     _opt("--log-level", hint="LEVEL", env="TROUPE_LOG_LEVEL"),
+    _opt("--log-format", hint="FORMAT", env="TROUPE_LOG_FORMAT"),
     _opt("--state-dir", hint="PATH", env="TROUPE_STATE_DIR"),
     _opt("--max-body-mib", hint="N", env="TROUPE_MAX_BODY_MIB"),
     _opt("--queue-max", hint="N", env="TROUPE_QUEUE_MAX"),
@@ -113,6 +115,7 @@ class RouterSettings:
     ui_mcp_proxy: bool = False
     engine: str | None = None
     log_level: str = "info"
+    log_format: str = "text"  # or "json": one object per line
     state_dir: Path | None = None  # PID ledger and measurements (default: XDG state dir)
     max_body_bytes: int = 128 << 20  # a proxied request body over this gets 413
     ws_max_message_bytes: int = 16 << 20  # WebSocket message limit, both directions
@@ -204,6 +207,13 @@ def _mib(get: _Lookup, spelling: str, default: int) -> int:
 def _non_negative(value: int, spelling: str) -> int:
     if value < 0:
         raise UsageError(f"invalid value for {spelling}: {value} (expected 0 or more)")
+    return value
+
+
+def log_format(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("text", "json"):
+        raise UsageError(f"invalid value for --log-format: '{text}' (text or json)")
     return value
 
 
@@ -337,6 +347,7 @@ def build_settings(
         ui_mcp_proxy=get.boolean("--ui-mcp-proxy", False),
         engine=own.text("--engine", "") or None,
         log_level=own.text("--log-level", "info"),
+        log_format=log_format(own.text("--log-format", "text")),
         state_dir=own.path("--state-dir"),
         max_body_bytes=_mib(own, "--max-body-mib", 128),
         ws_max_message_bytes=_mib(own, "--ws-max-message-mib", 16),
