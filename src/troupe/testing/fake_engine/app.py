@@ -228,22 +228,14 @@ class FakeApp:
             nursery.cancel_scope.cancel()
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Echo ``/v1/realtime``; ``{"type":"close","code":N,"reason":R}`` closes with N."""
+        """llama-server has no WebSocket endpoint: any upgrade is an HTTP 404."""
         await receive()  # websocket.connect
-        if self._route(scope) != "/v1/realtime" or not self.state.ready:
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        await send({"type": "websocket.accept"})
-        while (msg := await receive())["type"] == "websocket.receive":
-            text = msg.get("text")
-            if text is not None:
-                close = _close_request(text)
-                if close is not None:
-                    await send({"type": "websocket.close", "code": close[0], "reason": close[1]})
-                    return
-                await send({"type": "websocket.send", "text": text})
-            else:
-                await send({"type": "websocket.send", "bytes": msg.get("bytes") or b""})
+        data = dumps(
+            {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}
+        ).encode()
+        headers = [_SERVER, (b"content-type", _JSON)]
+        await send({"type": "websocket.http.response.start", "status": 404, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": data})
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
@@ -251,16 +243,6 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
-
-
-def _close_request(text: str) -> tuple[int, str] | None:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(data, dict) and data.get("type") == "close" and isinstance(data.get("code"), int):
-        return data["code"], str(data.get("reason", ""))
-    return None
 
 
 def _tokenize(body: dict[str, Any]) -> dict[str, object]:
