@@ -31,6 +31,7 @@ log = logging.getLogger("troupe.realtime")
 
 REALTIME_PATHS = frozenset({"/v1/realtime", "/realtime"})
 KEY_SUBPROTOCOL = "openai-insecure-api-key."  # how browsers send a key (no headers there)
+LIMITS = Limits()  # per session: conversation length and size, buffered audio
 Headers = list[tuple[bytes, bytes]]
 
 
@@ -143,8 +144,7 @@ async def serve_realtime(ctx: RouterContext, request: WebSocketRequest) -> None:
         modalities=partial(model_modalities, ctx, entry),
     )
     call = ChildCall(ctx, entry.name, autoload, api_key if ctx.settings.api_keys else None)
-    limits = Limits(max_conversation_bytes=max(64 << 20, ctx.settings.ws_max_message_bytes * 4))
-    session = Session(conn, model, call, config, limits, stop=ctx.http_stop)
+    session = Session(conn, model, call, config, LIMITS, stop=ctx.http_stop)
     try:
         await session.run()
     except Exception:
