@@ -15,12 +15,11 @@ from typing import Any
 import pytest
 import trio
 import trio_websocket
-from test_realtime_protocol import raw_socket
 
 from troupe.realtime import handshake
 from troupe.realtime.session import Limits
 from troupe.sched import Status
-from troupe.testing.realtime_client import validate
+from troupe.testing.realtime_client import raw_socket, validate
 from troupe.testing.router import RouterFactory, RunningRouter
 
 
@@ -49,7 +48,7 @@ def pcm(ms: int, rate: int = 24000, sample: bytes = b"\x01\x00") -> str:
 async def test_commit_transcribe_and_answer_from_audio(fake_router: RouterFactory) -> None:
     async with fake_router({"a": {"fake-audio": "1"}}) as router:
         await loaded(router, "a")
-        async with raw_socket(router, "/v1/realtime?model=a") as ws:
+        async with raw_socket(router.url, "/v1/realtime?model=a") as ws:
             s = Socket(ws)
             await s.next()
             session = {
@@ -88,7 +87,7 @@ async def test_commit_transcribe_and_answer_from_audio(fake_router: RouterFactor
 async def test_transcription_session_with_g711(fake_router: RouterFactory) -> None:
     async with fake_router({"a": {"fake-audio": "1"}}) as router:
         await loaded(router, "a")
-        async with raw_socket(router, "/v1/realtime?model=a&intent=transcription") as ws:
+        async with raw_socket(router.url, "/v1/realtime?model=a&intent=transcription") as ws:
             s = Socket(ws)
             created = await s.next()
             assert created.session.type == "transcription"
@@ -112,7 +111,7 @@ async def test_the_audio_buffer_has_a_limit(
     monkeypatch.setattr(handshake, "LIMITS", Limits(max_audio_bytes=10_000))
     async with fake_router({"a": {"fake-audio": "1"}}) as router:
         await loaded(router, "a")
-        async with raw_socket(router, "/v1/realtime?model=a") as ws:
+        async with raw_socket(router.url, "/v1/realtime?model=a") as ws:
             s = Socket(ws)
             await s.next()
             await s.send({"type": "input_audio_buffer.append", "audio": pcm(300)})

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -19,40 +17,14 @@ import trio_websocket
 
 from troupe.realtime import handshake
 from troupe.realtime.session import Limits
-from troupe.testing.realtime_client import EventLog, run_asyncio, sdk_client, validate
+from troupe.testing.realtime_client import EventLog, raw_socket, run_asyncio, sdk_client, validate
 from troupe.testing.router import RouterFactory, RunningRouter
-
-
-@asynccontextmanager
-async def raw_socket(
-    router: RunningRouter,
-    resource: str,
-    subprotocols: Sequence[str] = (),
-    headers: list[tuple[bytes, bytes]] | None = None,
-    max_message_size: int = 1 << 20,
-) -> AsyncIterator[trio_websocket.WebSocketConnection]:
-    """A plain WebSocket client (a browser's view: subprotocols, no SDK)."""
-    port = int(router.url.rsplit(":", 1)[1])
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    # We own the TCP stream: trio-websocket does not close a client's socket itself.
-    async with stream, trio.open_nursery() as nursery:
-        ws = await trio_websocket.wrap_client_stream(
-            nursery,
-            stream,
-            "127.0.0.1",
-            resource,
-            subprotocols=list(subprotocols) or None,
-            extra_headers=headers,
-            max_message_size=max_message_size,
-        )
-        yield ws
-        await ws.aclose()
 
 
 async def rejected(router: RunningRouter, resource: str, **kwargs: Any) -> tuple[int, Any]:
     errors: list[trio_websocket.ConnectionRejected] = []
     try:
-        async with raw_socket(router, resource, **kwargs):
+        async with raw_socket(router.url, resource, **kwargs):
             pass
     except* trio_websocket.ConnectionRejected as group:
         errors += group.exceptions  # type: ignore[arg-type]
@@ -95,13 +67,13 @@ async def test_keys_by_header_or_browser_subprotocol_and_the_realtime_subprotoco
 ) -> None:
     async with fake_router({"a": {"alias": "al"}}, "--api-key", "k1") as router:
         protocols = ["realtime", "openai-insecure-api-key.k1"]
-        async with raw_socket(router, "/realtime?model=al", subprotocols=protocols) as ws:
+        async with raw_socket(router.url, "/realtime?model=al", subprotocols=protocols) as ws:
             assert ws.subprotocol == "realtime"
             created = await next_event(ws)
             assert created.type == "session.created"
             assert created.session.model == "a"  # the alias resolved
         async with raw_socket(
-            router, "/v1/realtime?model=a", headers=[(b"x-api-key", b"k1")]
+            router.url, "/v1/realtime?model=a", headers=[(b"x-api-key", b"k1")]
         ) as ws:
             assert ws.subprotocol is None  # none proposed, none chosen
             assert (await next_event(ws)).type == "session.created"
@@ -115,7 +87,7 @@ async def test_keys_by_header_or_browser_subprotocol_and_the_realtime_subprotoco
 
 async def test_api_prefix(fake_router: RouterFactory) -> None:
     async with fake_router({"a": {}}, "--api-prefix", "/llm") as router:
-        async with raw_socket(router, "/llm/v1/realtime?model=a") as ws:
+        async with raw_socket(router.url, "/llm/v1/realtime?model=a") as ws:
             assert (await next_event(ws)).type == "session.created"
         status, _ = await rejected(router, "/v1/realtime?model=a")
         assert status == 404
@@ -124,7 +96,10 @@ async def test_api_prefix(fake_router: RouterFactory) -> None:
 async def test_an_idle_session_holds_no_lease(fake_router: RouterFactory) -> None:
     """The model is leased per response: connecting loads nothing, and between two
     responses nothing is in flight (an idle session never pins a model)."""
-    async with fake_router({"a": {}}) as router, raw_socket(router, "/v1/realtime?model=a") as ws:
+    async with (
+        fake_router({"a": {}}) as router,
+        raw_socket(router.url, "/v1/realtime?model=a") as ws,
+    ):
         await next_event(ws)
         await ws.send_message(json.dumps(user("hi")))
         await next_event(ws)
@@ -151,7 +126,10 @@ async def test_session_update_names_each_bad_field_and_keeps_the_rest(
         "audio": {"input": {"turn_detection": {"type": "server_vad"}}},
         "colour": "blue",
     }
-    async with fake_router({"a": {}}) as router, raw_socket(router, "/v1/realtime?model=a") as ws:
+    async with (
+        fake_router({"a": {}}) as router,
+        raw_socket(router.url, "/v1/realtime?model=a") as ws,
+    ):
         await next_event(ws)
         await ws.send_message(json.dumps({"type": "session.update", "session": session}))
         error, updated = await next_event(ws), await next_event(ws)
@@ -168,7 +146,10 @@ async def test_session_update_names_each_bad_field_and_keeps_the_rest(
 async def test_conversation_items_create_retrieve_delete_and_errors(
     fake_router: RouterFactory,
 ) -> None:
-    async with fake_router({"a": {}}) as router, raw_socket(router, "/v1/realtime?model=a") as ws:
+    async with (
+        fake_router({"a": {}}) as router,
+        raw_socket(router.url, "/v1/realtime?model=a") as ws,
+    ):
 
         async def send(event: dict[str, Any]) -> Any:
             await ws.send_message(json.dumps(event))
@@ -216,7 +197,7 @@ async def test_one_response_at_a_time_and_out_of_band_responses(
 ) -> None:
     async with (
         fake_router({"a": {"fake-tps": "200", "fake-tokens": "40"}}) as router,
-        raw_socket(router, "/v1/realtime?model=a") as ws,
+        raw_socket(router.url, "/v1/realtime?model=a") as ws,
     ):
         await next_event(ws)
         await ws.send_message(json.dumps(user("hi")))
@@ -250,7 +231,10 @@ async def test_a_full_conversation_is_refused_with_an_error(
 ) -> None:
     limit = 5
     monkeypatch.setattr(handshake, "LIMITS", Limits(max_items=limit))
-    async with fake_router({"a": {}}) as router, raw_socket(router, "/v1/realtime?model=a") as ws:
+    async with (
+        fake_router({"a": {}}) as router,
+        raw_socket(router.url, "/v1/realtime?model=a") as ws,
+    ):
         await next_event(ws)
         for i in range(limit):
             await ws.send_message(json.dumps(user(str(i))))
@@ -265,7 +249,7 @@ async def test_a_full_conversation_is_refused_with_an_error(
 
 async def test_a_message_over_the_limit_closes_with_1009(fake_router: RouterFactory) -> None:
     async with fake_router({"a": {}}, "--ws-max-message-mib", "1") as router:
-        async with raw_socket(router, "/v1/realtime?model=a", max_message_size=4 << 20) as ws:
+        async with raw_socket(router.url, "/v1/realtime?model=a", max_message_size=4 << 20) as ws:
             await next_event(ws)
             big = json.dumps(user("x" * (1200 << 10)))
             async with trio.open_nursery() as nursery:
@@ -284,7 +268,10 @@ async def _send_quietly(ws: trio_websocket.WebSocketConnection, message: str) ->
 
 
 async def test_shutdown_closes_sessions_with_1001(fake_router: RouterFactory) -> None:
-    async with fake_router({"a": {}}) as router, raw_socket(router, "/v1/realtime?model=a") as ws:
+    async with (
+        fake_router({"a": {}}) as router,
+        raw_socket(router.url, "/v1/realtime?model=a") as ws,
+    ):
         await next_event(ws)
         router.ctx.http_stop.set()
         with pytest.raises(trio_websocket.ConnectionClosed) as closed:

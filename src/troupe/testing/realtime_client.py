@@ -12,16 +12,18 @@ no field those models do not define.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import trio
+import trio_websocket
 from openai import AsyncOpenAI
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import BaseModel, TypeAdapter
 
-__all__ = ["EventLog", "run_asyncio", "sdk_client", "validate"]
+__all__ = ["EventLog", "raw_socket", "run_asyncio", "sdk_client", "validate"]
 
 T = TypeVar("T")
 
@@ -83,6 +85,32 @@ class EventLog:
 
     async def send(self, event: dict[str, Any]) -> None:
         await self.conn.send(event)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def raw_socket(
+    router_url: str,
+    resource: str,
+    subprotocols: Sequence[str] = (),
+    headers: list[tuple[bytes, bytes]] | None = None,
+    max_message_size: int = 1 << 20,
+) -> AsyncIterator[trio_websocket.WebSocketConnection]:
+    """A plain WebSocket client (a browser's view: subprotocols, no SDK)."""
+    port = int(router_url.rsplit(":", 1)[1])
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    # We own the TCP stream: trio-websocket does not close a client's socket itself.
+    async with stream, trio.open_nursery() as nursery:
+        ws = await trio_websocket.wrap_client_stream(
+            nursery,
+            stream,
+            "127.0.0.1",
+            resource,
+            subprotocols=list(subprotocols) or None,
+            extra_headers=headers,
+            max_message_size=max_message_size,
+        )
+        yield ws
+        await ws.aclose()
 
 
 async def run_asyncio(scenario: Callable[..., Awaitable[T]], *args: object) -> T:
