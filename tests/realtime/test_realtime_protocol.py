@@ -251,7 +251,9 @@ async def test_a_message_over_the_limit_closes_with_1009(fake_router: RouterFact
     async with fake_router({"a": {}}, "--ws-max-message-mib", "1") as router:
         async with raw_socket(router.url, "/v1/realtime?model=a", max_message_size=4 << 20) as ws:
             await next_event(ws)
-            big = json.dumps(user("x" * (1200 << 10)))
+            # Just over the limit: the server stops reading there, and the rest of the
+            # frame still fits the socket buffers (a bigger one could block the sender).
+            big = json.dumps(user("x" * ((1 << 20) + 10_000)))
             async with trio.open_nursery() as nursery:
                 # The server stops reading at the limit: send in the background.
                 nursery.start_soon(_send_quietly, ws, big)
