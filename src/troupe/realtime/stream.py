@@ -68,14 +68,19 @@ class OutputStream:
         if isinstance(usage, dict):
             self.usage = usage_json(usage)
         for choice in data.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue  # not a chat chunk's shape: nothing in it to say
             if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-            delta = choice.get("delta") or {}
+                self.finish_reason = str(choice["finish_reason"])
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue
             content = delta.get("content")
-            if content:
+            if isinstance(content, str) and content:
                 await self._text_delta(content)
             for call in delta.get("tool_calls") or ():
-                await self._call_delta(call)
+                if isinstance(call, dict):
+                    await self._call_delta(call)
 
     # ----- items ------------------------------------------------------------------------
 
@@ -138,7 +143,11 @@ class OutputStream:
 
     async def _call_delta(self, call: dict[str, Any]) -> None:
         index = call.get("index", 0)
-        function = call.get("function") or {}
+        if not isinstance(index, int):
+            index = 0
+        function = call.get("function")
+        if not isinstance(function, dict):
+            function = {}
         item = self._calls.get(index)
         if item is None:
             await self._close_text("completed")  # what the model said before calling
@@ -155,7 +164,7 @@ class OutputStream:
             self._args[item["id"]] = []
             await self._open(item)
         delta = function.get("arguments")
-        if delta:
+        if isinstance(delta, str) and delta:
             self._args[item["id"]].append(delta)
             await self._emit(
                 {
