@@ -92,6 +92,12 @@ class Relay:
         self._pool.forget(model, gen)
 
     @property
+    def pool(self) -> UpstreamPool:
+        """The one transport to children, for callers that speak to them directly
+        (the realtime sessions)."""
+        return self._pool
+
+    @property
     def idle_connections(self) -> int:
         return self._pool.idle_count
 
