@@ -128,6 +128,7 @@ class Spawned:
     gen: int
     port: int
     pid: int
+    connections: int = 7  # how many the child serves at once (child/http_threads.py)
 
 
 @attrs.frozen

@@ -99,7 +99,7 @@ class RouterContext:
         self.logs = ModelLogs()  # every model's log, across its children
         self.relay = Relay(float(settings.timeout), observe=self.metrics.observe_relay)
         self.scheduler = Scheduler(
-            core, self, prepared, ledger=ledger, sampler=sampler, child_gone=self.relay.forget
+            core, self, prepared, ledger=ledger, sampler=sampler, transport=self.relay
         )
         self.scheduler.add_listener(self.metrics.on_event)
         self.scheduler.add_listener(self.logs.on_event)
