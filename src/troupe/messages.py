@@ -7,6 +7,7 @@ what their child did, tagged with the generation they were started for.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -22,6 +23,8 @@ __all__ = [
     "Drain",
     "Exited",
     "LoadModel",
+    "MeasureFailed",
+    "Measured",
     "MemorySampleFailed",
     "MemorySampled",
     "Message",
@@ -118,6 +121,25 @@ class MemorySampled:
 
 
 @attrs.frozen
+class Measured:
+    """The engine's projection for ``model`` under the configuration ``fingerprint``:
+    bytes per device at the context the child will use (``need``) and, when fit had to
+    shrink its context, at the initial parameters (``high``)."""
+
+    model: str
+    fingerprint: str
+    need: Mapping[str, int]
+    high: Mapping[str, int] | None = None
+
+
+@attrs.frozen
+class MeasureFailed:
+    model: str
+    fingerprint: str
+    reason: str
+
+
+@attrs.frozen
 class MemorySampleFailed:
     version: int
 
@@ -161,6 +183,8 @@ Message = (
     | Rescanned
     | MemorySampled
     | MemorySampleFailed
+    | Measured
+    | MeasureFailed
     | Spawned
     | ChildState
     | Exited
