@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -30,6 +31,9 @@ from troupe.sched import Failure, ModelConfig, SchedulerCore, Status
 from troupe.sched.memory import MemoryLedger
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
+
+if TYPE_CHECKING:
+    from troupe.http.server.lifecycle import HttpServer
 
 __all__ = ["RouterContext", "build_context", "fingerprint"]
 
@@ -91,6 +95,7 @@ class RouterContext:
         self.ready = False
         self.http_stop = trio.Event()
         self.http_done = trio.Event()
+        self.http_server: HttpServer | None = None  # set by serve_http (the drain's handle)
         self._reload_lock = trio.Lock()
         # status.args shows the last rendered command line (port 0 before a first load).
         self._last_args: dict[str, list[str]] = {}

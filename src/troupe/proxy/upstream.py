@@ -1,9 +1,11 @@
-"""A small pooled HTTP/1.1 client for talking to children: h11 on Trio sockets.
+"""A small pooled HTTP/1.1 client for talking to children: llhttp (httptools) on Trio sockets.
 
-The relay's hot path. httpx cost about half of troupe's CPU per proxied request
-(bench/proxy.py): it scans its whole pool on every request and writes headers and
-body separately. Here each child keeps a stack of idle keep-alive connections (the
-most recently used first, no scanning), and a request goes out in one write.
+The relay's hot path. Each child keeps a stack of idle keep-alive connections (the
+most recently used first, no scanning); a request goes out in one write; the answer's
+head is parsed and its body is handed over either as the bytes that came off the
+wire (`UpstreamResponse.receive_raw`, chunk framing included, for the byte relay) or
+decoded (`UpstreamResponse.chunks`, for small answers the router reads itself). The
+C parser only watches the bytes go by, to know where the answer ends.
 
 Connections are pooled per child, keyed by (model, generation), never by port: a
 port is reused by the next child, and a connection to a child that is gone must
@@ -14,20 +16,27 @@ hundreds of descriptors open) and makes any still in use close when they finish.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import socket
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 import attrs
-import h11
+import httptools
 import trio
 
-__all__ = ["Child", "ChildRef", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+__all__ = [
+    "Child",
+    "ChildRef",
+    "UpstreamError",
+    "UpstreamPool",
+    "UpstreamResponse",
+    "render_request",
+]
 
 READ_SIZE = 65536
 MAX_IDLE_PER_PORT = 64
+MAX_HEAD = 64 << 10  # a child's response head is a few hundred bytes
 
 
 class UpstreamError(Exception):
@@ -57,50 +66,228 @@ class ChildRef:
 _Key = tuple[str, int]  # (model, generation)
 
 
+def render_request(
+    method: str, target: str, headers: Sequence[tuple[bytes, bytes]], body: bytes
+) -> bytes:
+    """One HTTP/1.1 request, head and body, ready for a single write."""
+    parts = [f"{method} {target} HTTP/1.1\r\n".encode("latin-1")]
+    for key, value in headers:
+        parts += (key, b": ", value, b"\r\n")
+    parts.append(b"content-length: %d\r\n\r\n" % len(body))
+    parts.append(body)
+    return b"".join(parts)
+
+
 class _Connection:
+    """One keep-alive connection and the llhttp parser that follows its answers.
+
+    The parser's callbacks land here (httptools calls methods of the object it was
+    given); only the ones the relay needs exist, so llhttp calls nothing else."""
+
+    __slots__ = (
+        "chunk_open",
+        "collect",
+        "decoded",
+        "done",
+        "head_done",
+        "headers",
+        "keep_alive",
+        "parser",
+        "read_timeout",
+        "stream",
+    )
+
     def __init__(self, stream: trio.SocketStream, read_timeout: float | None) -> None:
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
         self.read_timeout = read_timeout  # longest silence from the child (--timeout)
+        self.parser = httptools.HttpResponseParser(self)
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False
+        self.done = False
+        self.keep_alive = True
+        self.chunk_open = False
+        self.collect = False  # keep decoded body pieces (chunks()), else just follow
+        self.decoded: list[bytes] = []
 
-    async def next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
+    # -- llhttp callbacks
+    def on_message_begin(self) -> None:
+        self.headers = []
+        self.head_done = self.done = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+        self.keep_alive = self.parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        if self.collect:
+            self.decoded.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+    def on_chunk_header(self) -> None:
+        self.chunk_open = True
+
+    def on_chunk_complete(self) -> None:
+        self.chunk_open = False
+
+    # --
+    def feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            raise UpstreamError(f"the child sent an invalid answer: {exc}") from None
+
+    async def receive(self) -> bytes:
+        with trio.move_on_after(self.read_timeout or math.inf) as scope:
+            try:
+                return await self.stream.receive_some(READ_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise _Broken(f"connection to the child broke: {exc}") from exc
+        assert scope.cancelled_caught
+        raise UpstreamError("Read timeout")
+
+    async def read_head(self) -> bytes:
+        """Read up to the end of a final (not 1xx) answer's head; returns the body bytes
+        that came with it. Raises `_Stale` if the child closed before answering."""
+        buf = b""
         while True:
-            event = self.h11.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            with trio.move_on_after(self.read_timeout or math.inf) as scope:
-                data = await self.stream.receive_some(READ_SIZE)
-            if scope.cancelled_caught:
-                raise UpstreamError("Read timeout")
-            self.h11.receive_data(data)  # b"" marks end of stream
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD:
+                    raise UpstreamError("the child's answer head is too large")
+                try:
+                    data = await self.receive()
+                except _Broken as exc:
+                    if buf:
+                        raise
+                    raise _Stale(str(exc)) from None  # a pooled connection reset: retry
+                if not data:
+                    if buf:
+                        raise UpstreamError("the child closed the connection mid-answer")
+                    raise _Stale("the child closed the connection without answering")
+                buf += data
+                continue
+            head, buf = buf[: end + 4], buf[end + 4 :]
+            self.feed(head)
+            if not 100 <= self.parser.get_status_code() < 200:
+                return buf
+            # an interim answer (100 Continue): the real one follows
+
+    def close_now(self) -> None:
+        self.stream.socket.close()
 
     @property
     def reusable(self) -> bool:
-        return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+        return self.done and self.keep_alive
 
 
 class UpstreamResponse:
-    """Status and headers of a child's answer; the body is read with `chunks`."""
+    """Status and headers of a child's answer; the body is read with `receive_raw`
+    (wire bytes) or `chunks` (decoded), not both."""
 
-    def __init__(
-        self, pool: UpstreamPool, key: _Key, conn: _Connection, head: h11.Response
-    ) -> None:
+    def __init__(self, pool: UpstreamPool, key: _Key, conn: _Connection, first: bytes) -> None:
         self._pool = pool
         self._key = key
         self._conn: _Connection | None = conn
-        self.status_code = head.status_code
-        self.headers: list[tuple[bytes, bytes]] = list(head.headers)
+        self.status_code: int = conn.parser.get_status_code()
+        self.headers: list[tuple[bytes, bytes]] = conn.headers
+        self._first = first  # body bytes that arrived with the head, not yet handed out
+        self.read_timeout = conn.read_timeout
+        # No length and not chunked: the body runs until the child closes (RFC 9112 6.3).
+        self._until_close = (
+            not conn.done
+            and not self.chunked
+            and not any(k.lower() == b"content-length" for k, _ in self.headers)
+        )
 
     def header(self, name: bytes) -> str | None:
         for key, value in self.headers:
-            if key == name:
+            if key.lower() == name:
                 return value.decode("latin-1")
         return None
 
+    @property
+    def chunked(self) -> bool:
+        value = self.header(b"transfer-encoding")
+        return value is not None and "chunked" in value.lower()
+
+    @property
+    def complete(self) -> bool:
+        """The whole answer has been read."""
+        return self._conn is None or self._conn.done
+
+    @property
+    def mid_chunk(self) -> bool:
+        """The bytes read so far end inside a chunk (a relay must not cut there)."""
+        return self._conn is not None and self._conn.chunk_open
+
+    def take_first(self) -> bytes:
+        """The body bytes that arrived with the head (maybe none), as `receive_raw`
+        would return them, without waiting."""
+        data, self._first = self._first, b""
+        if data and self._conn is not None:
+            self._conn.feed(data)
+        return data
+
+    async def receive_raw(self) -> bytes:
+        """The next bytes of the body as they came off the wire (chunk framing
+        included); b"" once the answer is complete. No read timeout here: the caller
+        bounds the whole relay (one cancel scope, cheaper than one per read)."""
+        conn = self._conn
+        if conn is None:
+            return b""
+        if self._first:
+            data, self._first = self._first, b""
+            conn.feed(data)
+            return data
+        if conn.done:
+            return b""
+        try:
+            data = await conn.stream.receive_some(READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise UpstreamError(f"connection to the child broke: {exc}") from exc
+        if not data:
+            return self._eof()
+        conn.feed(data)
+        return data
+
+    def _eof(self) -> bytes:
+        """The child closed: the end of an answer delimited by the close, else a break."""
+        if self._until_close and self._conn is not None:
+            self._conn.done = True
+            self._conn.keep_alive = False
+            return b""
+        raise UpstreamError("the child closed the connection mid-response")
+
     def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives. Not an async generator (none is left for the garbage
-        collector when a client disconnects midway)."""
+        """The decoded body as it arrives. Not an async generator (none is left for
+        the garbage collector when a client disconnects midway)."""
+        if self._conn is not None:
+            self._conn.collect = True
         return _Chunks(self)
+
+    async def _next_decoded(self) -> bytes | None:
+        conn = self._conn
+        if conn is None:
+            return None
+        if self._first:
+            data, self._first = self._first, b""
+            conn.feed(data)
+        elif conn.done:
+            return None
+        else:
+            data = await conn.receive()
+            if not data:
+                self._eof()
+                return None
+            conn.feed(data)
+        out = b"".join(conn.decoded)
+        conn.decoded.clear()
+        return out
 
     async def aclose(self) -> None:
         """Done with this answer: a fully read keep-alive connection goes back to the
@@ -108,27 +295,13 @@ class UpstreamResponse:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if conn.reusable:
+        conn.collect = False
+        conn.decoded.clear()
+        if conn.reusable and not self._first:
             self._pool._put(self._key, conn)  # or closed, if that child is gone
         else:
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                await conn.stream.aclose()
-
-    async def _next(self) -> bytes | None:
-        conn = self._conn
-        if conn is None:
-            return None
-        try:
-            event = await conn.next_event()
-        except (h11.RemoteProtocolError, trio.BrokenResourceError, OSError) as exc:
-            raise UpstreamError(f"connection to the child broke: {exc}") from exc
-        if isinstance(event, h11.Data):
-            return bytes(event.data)
-        if isinstance(event, h11.EndOfMessage):
-            return None
-        if isinstance(event, h11.ConnectionClosed):
-            raise UpstreamError("the child closed the connection mid-response")
-        return b""  # nothing for the body (an informational event); keep reading
+            conn.close_now()
+        await trio.lowlevel.checkpoint()
 
 
 class _Chunks:
@@ -140,7 +313,7 @@ class _Chunks:
 
     async def __anext__(self) -> bytes:
         while True:
-            chunk = await self._response._next()
+            chunk = await self._response._next_decoded()
             if chunk is None:
                 raise StopAsyncIteration
             if chunk:
@@ -175,10 +348,9 @@ class UpstreamPool:
         """Pool a finished connection; one to a child that is gone is closed instead."""
         idle = None if self._is_gone(key) else self._idle.setdefault(key, [])
         if idle is not None and len(idle) < MAX_IDLE_PER_PORT:
-            conn.h11.start_next_cycle()
             idle.append(conn)
         else:
-            conn.stream.socket.close()
+            conn.close_now()
 
     def forget(self, model: str, gen: int) -> None:
         """The child ``(model, gen)`` (and every older one of ``model``) is gone: close
@@ -187,7 +359,7 @@ class UpstreamPool:
             self._gone[model] = gen
         for key in [k for k in self._idle if k[0] == model and k[1] <= gen]:
             for conn in self._idle.pop(key):
-                conn.stream.socket.close()
+                conn.close_now()
 
     async def _connect(self, port: int) -> _Connection:
         try:
@@ -208,7 +380,12 @@ class UpstreamPool:
         headers: Sequence[tuple[bytes, bytes]],
         body: bytes,
     ) -> UpstreamResponse:
-        """Send one request and wait for the answer's status and headers.
+        """Send one request and wait for the answer's status and headers (``headers``
+        without Content-Length: it is computed)."""
+        return await self.send(child, render_request(method, target, headers, body))
+
+    async def send(self, child: Child, wire: bytes) -> UpstreamResponse:
+        """`request` with the request already rendered (`render_request`).
 
         A pooled connection the child has closed in the meantime (llama-server closes
         some after a stream although it said keep-alive) fails before any answer; the
@@ -223,53 +400,25 @@ class UpstreamPool:
             if not idle:
                 del self._idle[key]
             try:
-                return await self._exchange(key, conn, method, target, headers, body)
+                return await self._exchange(key, conn, wire)
             except _Stale:
                 pass
         conn = await self._connect(child.port)
         try:
-            return await self._exchange(key, conn, method, target, headers, body)
+            return await self._exchange(key, conn, wire)
         except _Stale as exc:
             raise UpstreamError(str(exc)) from None
 
-    async def _exchange(
-        self,
-        key: _Key,
-        conn: _Connection,
-        method: str,
-        target: str,
-        headers: Sequence[tuple[bytes, bytes]],
-        body: bytes,
-    ) -> UpstreamResponse:
-        all_headers = [*headers, (b"content-length", str(len(body)).encode())]
+    async def _exchange(self, key: _Key, conn: _Connection, wire: bytes) -> UpstreamResponse:
         try:
-            # One write for the whole request: head, body and end.
-            out = bytearray(
-                conn.h11.send(h11.Request(method=method, target=target, headers=all_headers)) or b""
-            )
-            if body:
-                out += conn.h11.send(h11.Data(data=body)) or b""
-            out += conn.h11.send(h11.EndOfMessage()) or b""
-            await conn.stream.send_all(bytes(out))
-            while True:
-                event = await conn.next_event()
-                if isinstance(event, h11.Response):
-                    return UpstreamResponse(self, key, conn, event)
-                if isinstance(event, h11.ConnectionClosed):
-                    raise _Stale("the child closed the connection without answering")
-                # h11.InformationalResponse (100 Continue): keep waiting for the answer
-        except (
-            h11.RemoteProtocolError,
-            h11.LocalProtocolError,
-            trio.BrokenResourceError,
-            OSError,
-        ) as exc:
-            with contextlib.suppress(Exception):
-                await conn.stream.aclose()
-            raise _Stale(f"connection to the child failed: {exc}") from None
+            try:
+                await conn.stream.send_all(wire)
+            except (trio.BrokenResourceError, OSError) as exc:
+                raise _Stale(f"connection to the child failed: {exc}") from None
+            first = await conn.read_head()
+            return UpstreamResponse(self, key, conn, first)
         except BaseException:
-            with trio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await conn.stream.aclose()
+            conn.close_now()
             raise
 
     async def aclose(self) -> None:
@@ -277,9 +426,13 @@ class UpstreamPool:
         idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:
-                with contextlib.suppress(Exception):
-                    await conn.stream.aclose()
+                conn.close_now()
+        await trio.lowlevel.checkpoint()
 
 
 class _Stale(Exception):
+    """The child closed or reset a connection before answering: safe to send again."""
+
+
+class _Broken(UpstreamError):
     pass
