@@ -152,9 +152,13 @@ async def _lease_and_relay(
     try:
         # A conversation's wait ignores the client going away (a page reload must not
         # cancel the load); only a stop of the conversation cancels it (§6.6).
-        with trio.CancelScope(shield=bool(ticket)) as wait_scope:
-            if ticket:
+        if ticket:
+            with trio.CancelScope(shield=True) as wait_scope:
                 tracker.attach(conv_id, ticket, wait_scope)
+                rid, grant = await acquire_within(
+                    ctx, entry.name, autoload=autoload, update_last_used=update_last_used
+                )
+        else:
             rid, grant = await acquire_within(
                 ctx, entry.name, autoload=autoload, update_last_used=update_last_used
             )

@@ -14,6 +14,7 @@ this module stays pure transport.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -219,7 +220,10 @@ class Relay:
         status, relayed = 500, 0
         try:
             try:
-                with trio.CancelScope(shield=detached):
+                if detached:
+                    with trio.CancelScope(shield=True):
+                        upstream = await self._pool.send(child, wire)
+                else:
                     upstream = await self._pool.send(child, wire)
             except UpstreamError as exc:
                 log.warning("proxy error for %s %s: %s", child.model, client.path, exc)
@@ -235,8 +239,7 @@ class Relay:
             finally:
                 # Closing an unfinished answer tells the child the client is gone, so
                 # it stops generating; a finished one returns its connection to the pool.
-                with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
-                    await upstream.aclose()
+                upstream.close()
         finally:
             self._observe(client, status, relayed)
 
@@ -256,10 +259,8 @@ class Relay:
         relayed = 0
         timeout = upstream.read_timeout
         try:
-            with trio.CancelScope() as reads:
-                if timeout is not None:
-                    reads.deadline = trio.current_time() + timeout
-                bumped = trio.current_time()
+            bumped = trio.current_time()
+            with trio.CancelScope(deadline=bumped + (timeout or math.inf)) as reads:
                 data = upstream.take_first()
                 if not data and not passthrough and not upstream.complete:
                     # A whole answer whose body came apart from its head: wait for it,

@@ -89,6 +89,7 @@ class _Connection:
         "collect",
         "decoded",
         "done",
+        "drained",
         "head_done",
         "headers",
         "keep_alive",
@@ -108,6 +109,7 @@ class _Connection:
         self.chunk_open = False
         self.collect = False  # keep decoded body pieces (chunks()), else just follow
         self.decoded: list[bytes] = []
+        self.drained = False  # the last read took all there was
 
     # -- llhttp callbacks
     def on_message_begin(self) -> None:
@@ -143,16 +145,26 @@ class _Connection:
 
     async def receive(self) -> bytes:
         with trio.move_on_after(self.read_timeout or math.inf) as scope:
-            try:
-                return await self.stream.receive_some(READ_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                raise _Broken(f"connection to the child broke: {exc}") from exc
+            return await self._receive()
         assert scope.cancelled_caught
         raise UpstreamError("Read timeout")
 
+    async def _receive(self) -> bytes:
+        try:
+            return bytes(await self.stream.receive_some(READ_SIZE))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise _Broken(f"connection to the child broke: {exc}") from exc
+
     async def read_head(self) -> bytes:
         """Read up to the end of a final (not 1xx) answer's head; returns the body bytes
-        that came with it. Raises `_Stale` if the child closed before answering."""
+        that came with it. Raises `_Stale` if the child closed before answering. One
+        deadline for the whole head (the time to first byte is the long part)."""
+        with trio.move_on_after(self.read_timeout or math.inf) as scope:
+            return await self._read_head()
+        assert scope.cancelled_caught
+        raise UpstreamError("Read timeout")
+
+    async def _read_head(self) -> bytes:
         buf = b""
         while True:
             end = buf.find(b"\r\n\r\n")
@@ -160,7 +172,7 @@ class _Connection:
                 if len(buf) > MAX_HEAD:
                     raise UpstreamError("the child's answer head is too large")
                 try:
-                    data = await self.receive()
+                    data = await self._receive()
                 except _Broken as exc:
                     if buf:
                         raise
@@ -247,11 +259,16 @@ class UpstreamResponse:
         if conn.done:
             return b""
         try:
+            if conn.drained:
+                # The last read emptied the socket: wait for it to be readable before
+                # reading, rather than a read that fails first (one syscall per event).
+                await trio.lowlevel.wait_readable(conn.stream.socket)
             data = await conn.stream.receive_some(READ_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise UpstreamError(f"connection to the child broke: {exc}") from exc
         if not data:
             return self._eof()
+        conn.drained = len(data) < READ_SIZE
         conn.feed(data)
         return data
 
@@ -290,8 +307,13 @@ class UpstreamResponse:
         return out
 
     async def aclose(self) -> None:
+        """`close`, as a checkpoint."""
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def close(self) -> None:
         """Done with this answer: a fully read keep-alive connection goes back to the
-        pool; anything else is closed, which tells the child to stop."""
+        pool; anything else is closed, which tells the child to stop. Never blocks."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -301,7 +323,6 @@ class UpstreamResponse:
             self._pool._put(self._key, conn)  # or closed, if that child is gone
         else:
             conn.close_now()
-        await trio.lowlevel.checkpoint()
 
 
 class _Chunks:

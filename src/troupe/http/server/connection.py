@@ -68,6 +68,7 @@ class Connection:
         self.read_ahead: list[bytes] = []  # bytes received, not yet parsed
         self.read_ahead_size = 0
         self.eof = False
+        self.drained = False  # the last read took all the socket had
         self.broken = False
         self.idle_scope: trio.CancelScope | None = None  # set while between requests
         self.request_scope: trio.CancelScope | None = None  # set while a request runs
@@ -116,7 +117,14 @@ class Connection:
             return data
         if self.eof:
             return b""
-        return bytes(await self.stream.receive_some(READ_SIZE))
+        stream = self.stream
+        if self.drained and isinstance(stream, trio.SocketStream):
+            # The last read took all there was (a client waiting for its answer sends
+            # nothing more): wait for readability instead of a read that fails first.
+            await trio.lowlevel.wait_readable(stream.socket)
+        data = bytes(await stream.receive_some(READ_SIZE))
+        self.drained = len(data) < READ_SIZE
+        return data
 
     async def _next_request(self) -> Request | None:
         parser = self.parser
@@ -143,8 +151,10 @@ class Connection:
                 # Between requests: the drain may close an idle connection right here.
                 if self.eof or self.server.draining:
                     return None
-                with trio.CancelScope() as idle:
-                    idle.deadline = trio.current_time() + config.keep_alive_timeout
+                # (deadline given to the constructor: setting it later costs more)
+                with trio.CancelScope(
+                    deadline=trio.current_time() + config.keep_alive_timeout
+                ) as idle:
                     self.idle_scope = idle
                     data = await self._receive()
                 self.idle_scope = None

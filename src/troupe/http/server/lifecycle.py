@@ -119,9 +119,7 @@ class HttpServer:
         with trio.move_on_after(grace if grace >= 0 else math.inf) as waited:
             await self.wait_requests_done()
         if waited.cancelled_caught:
-            log.info(
-                "%d requests still running after %gs: cancelling them", self.in_flight, grace
-            )
+            log.info("%d requests still running after %gs: cancelling them", self.in_flight, grace)
         self.cancel_requests()
         if self.connections:
             with trio.move_on_after(CLOSE_BOUND):
