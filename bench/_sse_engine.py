@@ -28,7 +28,8 @@ CHUNK = b"%x\r\n%b\r\n" % (len(EVENT), EVENT)
 LAST = b'data: {"content":"","stop":true}\n\n'
 STREAM_HEAD = (
     b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nAccess-Control-Allow-Origin: \r\n"
-    b"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5\r\n\r\n"
+    b"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+    b"Keep-Alive: timeout=5\r\n\r\n"
 )
 
 

@@ -11,6 +11,7 @@ Anything that cannot be parsed gets an upstream-shaped JSON error and the close.
 from __future__ import annotations
 
 import logging
+import socket
 from contextlib import suppress
 from typing import TYPE_CHECKING, Protocol
 
@@ -60,9 +61,21 @@ def error_bytes(status: int, message: str, base: bytes = b"Server: llama.cpp\r\n
     )
 
 
+def _with_raw_socket(stream: trio.SocketStream) -> tuple[trio.SocketStream, socket.socket]:
+    """The same connection, with the stdlib socket under it kept at hand (trio does
+    not expose it) for writes that need no pass through the scheduler."""
+    sock = stream.socket
+    raw = socket.socket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    raw.setblocking(False)
+    return trio.SocketStream(trio.socket.from_stdlib_socket(raw)), raw
+
+
 class Connection:
     def __init__(self, server: HttpServer, stream: trio.abc.Stream) -> None:
         self.server = server
+        self.raw: socket.socket | None = None  # the plain socket under a SocketStream
+        if isinstance(stream, trio.SocketStream):
+            stream, self.raw = _with_raw_socket(stream)
         self.stream = stream
         self.parser = RequestParser(server.config.max_body)
         self.read_ahead: list[bytes] = []  # bytes received, not yet parsed
@@ -117,12 +130,19 @@ class Connection:
             return data
         if self.eof:
             return b""
-        stream = self.stream
-        if self.drained and isinstance(stream, trio.SocketStream):
+        raw = self.raw
+        data = b""
+        if self.drained and raw is not None:
             # The last read took all there was (a client waiting for its answer sends
-            # nothing more): wait for readability instead of a read that fails first.
-            await trio.lowlevel.wait_readable(stream.socket)
-        data = bytes(await stream.receive_some(READ_SIZE))
+            # nothing more): wait until readable, then read at once, rather than a read
+            # that fails first and a second pass through the scheduler.
+            await trio.lowlevel.wait_readable(raw)
+            try:
+                data = raw.recv(READ_SIZE)
+            except BlockingIOError:
+                data = bytes(await self.stream.receive_some(READ_SIZE))
+        else:
+            data = bytes(await self.stream.receive_some(READ_SIZE))
         self.drained = len(data) < READ_SIZE
         return data
 

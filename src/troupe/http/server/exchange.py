@@ -138,9 +138,21 @@ class Exchange:
         return b"0\r\n\r\n" if self.framing else b""
 
     async def send(self, data: bytes) -> None:
-        """Write bytes to the client; `ClientGone` if it went away."""
+        """Write bytes to the client; `ClientGone` if it went away. What the socket
+        takes at once is written without a pass through the scheduler (the relay's
+        loop already waits once per read); the rest waits for the client."""
+        conn = self._conn
         try:
-            await self._conn.stream.send_all(data)
+            raw = conn.raw
+            if raw is not None:
+                try:
+                    sent = raw.send(data)
+                except BlockingIOError:
+                    sent = 0
+                if sent == len(data):
+                    return
+                data = data[sent:]
+            await conn.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self.keep_alive = False
             self._conn.broken = True
