@@ -51,6 +51,7 @@ async def serve_http(
         server = HttpServer(Front(ctx, local), config or server_config(settings))
         ctx.http_server = server
         bound = await open_listeners(settings)
+        server.urls = bound.urls
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(local.run_lifespan)

@@ -32,6 +32,7 @@ class HttpServer:
         self.handler = handler
         self.config = config
         self.connections: set[Connection] = set()
+        self.urls: list[str] = []  # where it listens, once bound
         self.in_flight = 0
         self.draining = False  # no new connections; each closes after its request
         self.stopping = False  # handlers are being cancelled

@@ -142,6 +142,9 @@ class RequestParser:
         assert request is not None
         if len(request.headers) >= MAX_HEADERS:
             raise BadRequest(431, "too many request header fields")
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > MAX_HEAD:
+            raise BadRequest(431, "request header fields too large")
         request.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
