@@ -25,7 +25,7 @@ prints where its CPU goes (self time by function).
 The load generator is ``wrk`` when it is on PATH, else a built-in epoll client;
 the direct figures use the same client, so the ratios compare like with like.
 
-    .venv/bin/python bench/proxy.py [--quick] [--fake] [--connections N] [--seconds S]
+    .venv/bin/python bench/proxy.py [--quick] [--fake] [--connections 8,64] [--seconds S]
         [--no-relay] [--streams 1000] [--profile]
 """
 
@@ -222,15 +222,14 @@ def measure_sse(target: Target, n_predict: int) -> SseFigures:
     return SseFigures(result, _cpu(target.proxy) - p0, _cpu(target.child) - c0)
 
 
-def scenarios(connections: int) -> list[Scenario]:
+def scenarios(concurrency: list[int]) -> list[Scenario]:
     tokenize = json.dumps({"model": MODEL.name, "content": "hello world"}).encode()
     post = HttpRequest("POST", "/tokenize", tokenize)
     get = HttpRequest("GET", f"/slots?model={MODEL.name}")
+    levels = sorted({1, *concurrency})
     return [
-        Scenario("POST /tokenize c=1", post, 1),
-        Scenario(f"POST /tokenize c={connections}", post, connections),
-        Scenario("GET /slots?model= c=1", get, 1),
-        Scenario(f"GET /slots?model= c={connections}", get, connections),
+        *(Scenario(f"POST /tokenize c={c}", post, c) for c in levels),
+        *(Scenario(f"GET /slots?model= c={c}", get, c) for c in levels),
     ]
 
 
@@ -369,7 +368,12 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--fake", action="store_true", help="the fake engine (no C++ router then)")
     ap.add_argument("--seconds", type=float, help="measured seconds per scenario and target")
     ap.add_argument("--warmup", type=float, help="seconds of warm-up before each measurement")
-    ap.add_argument("--connections", type=int, default=32, help="concurrency for throughput")
+    ap.add_argument(
+        "--connections",
+        type=lambda text: [int(c) for c in text.split(",")],
+        default=[8, 64],
+        help="concurrency levels for throughput, besides 1 (default 8,64)",
+    )
     ap.add_argument("--n-predict", type=int, help="tokens in the SSE stream (default 4000)")
     ap.add_argument("--engine", help="llama-server binary (default: troupe's find_engine)")
     ap.add_argument("--no-wrk", action="store_true", help="built-in client even if wrk is there")
@@ -391,7 +395,8 @@ def run(args: argparse.Namespace, engine: Path, tmp: Path, report: Report) -> li
     n_predict = min(args.n_predict or (2000 if args.quick else 4000), MODEL.n_ctx - 8)
     use_wrk = shutil.which("wrk") is not None and not args.no_wrk
     client = f"wrk ({shutil.which('wrk')})" if use_wrk else "built-in epoll client (Python)"
-    print(f"client:  {client}, {args.connections} connections for throughput")
+    levels = ", ".join(str(c) for c in args.connections)
+    print(f"client:  {client}, {levels} connections for throughput (and 1 for latency)")
     print(f"timing:  {warmup:g} s warm-up + {seconds:g} s measured per scenario and target")
     print(f"SSE:     one /completion stream of n_predict={n_predict} per target")
     with _process_stack() as procs:
