@@ -205,11 +205,21 @@ async def test_expect_100_continue_gets_its_interim_answer(fake_router: RouterFa
 
 async def test_a_deeply_nested_body_is_a_400_not_a_500(fake_router: RouterFactory) -> None:
     async with fake_router({"a": {}}) as router, router.client() as http:
-        for depth in (100_000, 3_000):
+        for depth in (300_000, 3_000):  # the first is parsed in a worker thread
             resp = await http.post("/v1/completions", content=b"[" * depth + b"]" * depth)
             assert resp.status_code == 400
             assert "nested too deeply" in resp.json()["error"]["message"]
         assert router.snapshot.running == 0
+
+
+async def test_a_large_body_is_parsed_off_the_loop_and_relayed_whole(
+    fake_router: RouterFactory,
+) -> None:
+    async with fake_router({"a": {}}) as router, router.client() as http:
+        content = "word " * 200_000  # 1 MB
+        resp = await http.post("/tokenize", json={"model": "a", "content": content})
+        assert resp.status_code == 200
+        assert len(resp.json()["tokens"]) > 1000
 
 
 async def test_a_chunked_request_body_is_read_and_forwarded(fake_router: RouterFactory) -> None:

@@ -17,6 +17,7 @@ hundreds of descriptors open) and makes any still in use close when they finish.
 from __future__ import annotations
 
 import math
+import os
 import socket
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
@@ -404,7 +405,8 @@ class UpstreamPool:
             raise UpstreamError("Connection timeout") from None
         except OSError as exc:
             sock.close()
-            raise UpstreamError(f"Could not establish connection ({exc.strerror or exc})") from None
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise UpstreamError(f"Could not establish connection ({reason})") from None
         except BaseException:
             sock.close()
             raise
