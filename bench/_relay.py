@@ -147,7 +147,15 @@ def _cpu(pid: int | None) -> float:
 
 def burst(url: str, model: str, events: int, streams: int, proxy_pid: int | None) -> BurstResult:
     """``streams`` streams of ``events`` events at once; counts ``data:`` lines."""
-    wire = _request(url, "/completion", {"model": model, "n_predict": events, "stream": True})
+    body = {"model": model, "n_predict": events, "stream": True}
+    return streams_at_once(url, body, streams, proxy_pid)
+
+
+def streams_at_once(
+    url: str, body: dict[str, object], streams: int, proxy_pid: int | None
+) -> BurstResult:
+    """``streams`` ``POST /completion`` with ``body`` at once, each read to its end."""
+    wire = _request(url, "/completion", body)
     socks = [socket.create_connection(_address(url)) for _ in range(streams)]
     poller = select.epoll()
     tails = {s.fileno(): b"" for s in socks}

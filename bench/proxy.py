@@ -107,6 +107,7 @@ class Report:
     scenarios: list[Scenario] = field(default_factory=list)
     figures: dict[tuple[str, str], Figures] = field(default_factory=dict)  # (scenario, target)
     sse: dict[str, SseFigures] = field(default_factory=dict)
+    sse_many: dict[str, tuple[_relay.BurstResult, float]] = field(default_factory=dict)
     relay: list[tuple[str, _relay.BurstResult]] = field(default_factory=list)
     paced: _relay.HeldResult | None = None
     held: _relay.HeldResult | None = None
@@ -222,6 +223,19 @@ def measure_sse(target: Target, n_predict: int) -> SseFigures:
     return SseFigures(result, _cpu(target.proxy) - p0, _cpu(target.child) - c0)
 
 
+def measure_sse_many(
+    target: Target, n_predict: int, streams: int
+) -> tuple[_relay.BurstResult, float]:
+    """``streams`` streamed completions at once (the child's slots in parallel): the
+    relay's CPU per event when events arrive one by one from several streams."""
+    body = {"model": MODEL.name, "prompt": "hello", "n_predict": n_predict, "stream": True,
+            "ignore_eos": True, "cache_prompt": False}  # fmt: skip
+    c0 = _cpu(target.child)
+    pid = target.proxy.pid if target.proxy is not None else None
+    result = _relay.streams_at_once(target.url, body, streams, pid)
+    return result, _cpu(target.child) - c0
+
+
 def scenarios(concurrency: list[int]) -> list[Scenario]:
     tokenize = json.dumps({"model": MODEL.name, "content": "hello world"}).encode()
     post = HttpRequest("POST", "/tokenize", tokenize)
@@ -307,6 +321,18 @@ def print_report(report: Report, targets: list[str]) -> None:
                       "proxy CPU us/event", "child"])  # fmt: skip
 
     print_relay(report)
+    if report.sse_many:
+        n = next(iter(report.sse_many.values()))[0].streams
+        print(f"\n{n} streamed /completion at once (real engine); events/s over all of them")
+        rows = []
+        for name in targets:
+            r, child_cpu = report.sse_many[name]
+            rows.append([
+                "", name, str(r.events), f"{r.events_per_s:.0f}",
+                "-" if name == "direct" else f"{r.cpu_us_per_event:.1f}",
+                f"{child_cpu / max(1, r.events) * 1e6:.1f}",
+            ])  # fmt: skip
+        _table(rows, ["", "target", "events", "events/s", "proxy CPU us/event", "child"])
     pairs = [(a, b) for a, b in PAIRS if a in targets and b in targets]
     print("\nratios (req/s and events/s: higher is better; latency and CPU: lower is better)")
     rows = []
@@ -331,6 +357,12 @@ def print_report(report: Report, targets: list[str]) -> None:
             per_event = {t: sse[t].proxy_cpu_s / max(1, sse[t].result.events) for t in targets}
             rows.append(["", "proxy CPU/event", "", "",
                          _ratio(per_event["troupe"], per_event["C++ router"])])  # fmt: skip
+    if report.sse_many and "C++ router" in targets and "troupe" in targets:
+        many = report.sse_many
+        ratio_row("SSE streams at once", "events/s", {t: many[t][0].events_per_s for t in targets})
+        rows.append(["", "proxy CPU/event", "", "",
+                     _ratio(many["troupe"][0].cpu_us_per_event,
+                            many["C++ router"][0].cpu_us_per_event)])  # fmt: skip
     _table(rows, ["", "", *(f"{a}/{b}" for a, b in pairs)])
 
 
@@ -379,6 +411,7 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--no-wrk", action="store_true", help="built-in client even if wrk is there")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
     ap.add_argument("--no-relay", action="store_true", help="skip the relay's own scenarios")
+    ap.add_argument("--sse-streams", type=int, default=4, help="real-engine streams at once")
     ap.add_argument("--streams", type=int, default=1000, help="streams held open at once")
     ap.add_argument("--profile", action="store_true", help="py-spy troupe (small requests)")
     return ap.parse_args()
@@ -416,6 +449,11 @@ def run(args: argparse.Namespace, engine: Path, tmp: Path, report: Report) -> li
             s = measure_sse(t, n_predict)
             _progress(f" {s.result.events_per_s:8.0f} events/s", "\n")
             report.sse[t.name] = s
+        for t in targets:
+            _progress(f"  {f'SSE x{args.sse_streams} streams':<28} {t.name:<11}")
+            many = measure_sse_many(t, n_predict, args.sse_streams)
+            _progress(f" {many[0].events_per_s:8.0f} events/s", "\n")
+            report.sse_many[t.name] = many
     if not args.no_relay:
         run_relay(args, tmp, report)
     return [t.name for t in targets]

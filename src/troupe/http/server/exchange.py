@@ -170,8 +170,12 @@ class Exchange:
         fields = b"Content-Type: " + ctype + b"\r\n"
         for key, value in headers:
             fields += key + b": " + value + b"\r\n"
+        head = self.head(status, fields, length=len(body))
+        if self.request.method == "HEAD":
+            await self.send(head)  # the length of what a GET would get, and no body
+            return
         self.sent += len(body)
-        await self.send(self.head(status, fields, length=len(body)) + body)
+        await self.send(head + body)
 
     async def until_client_leaves(self, work: Callable[[], Awaitable[None]]) -> bool:
         """Run ``work`` until it ends or the client disconnects (which cancels it, so a
