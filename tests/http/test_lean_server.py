@@ -139,6 +139,27 @@ async def test_a_client_that_leaves_mid_stream_frees_the_model_at_once(
             await router.ctx.scheduler.wait_until(lambda s: s.models["a"].in_flight == 0)
 
 
+async def test_a_client_reset_mid_stream_is_no_error(
+    fake_router: RouterFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with fake_router({"a": {"fake-tps": "5000"}}) as router:
+        body = json.dumps({"model": "a", "prompt": "x", "n_predict": 100000, "stream": True})
+        for _ in range(3):
+            stream = await connect(router)
+            await stream.send_all(
+                b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b"
+                % (len(body), body.encode())
+            )
+            with trio.fail_after(10):
+                await stream.receive_some(100)
+            linger = (1).to_bytes(4, "little") + (0).to_bytes(4, "little")
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            await stream.aclose()  # a reset: the relay's next write fails at once
+            with trio.fail_after(5):
+                await router.ctx.scheduler.wait_until(lambda s: s.models["a"].in_flight == 0)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
 @pytest.mark.parametrize(
     ("wire", "status"),
     [

@@ -196,6 +196,12 @@ class Exchange:
                     nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
-            await work()
+            try:
+                await work()
+            except* ClientGone:
+                # A write found the client gone (before the watch did), maybe from
+                # inside the app's own nursery. Caught here: out of the nursery it
+                # would come wrapped in an exception group.
+                gone = True
             nursery.cancel_scope.cancel()
         return gone
