@@ -12,21 +12,24 @@ from typing import Any
 import attrs
 import trio
 
+from troupe.catalog.prepared import PreparedCatalog
 from troupe.sched.effects import Failure, Grant
 from troupe.sched.memory import MemorySample
-from troupe.sched.table import ModelConfig
 
 __all__ = [
     "Acquire",
-    "BeginReload",
     "ChildState",
+    "Drain",
     "Exited",
-    "FinishReload",
     "LoadModel",
+    "MemorySampleFailed",
     "MemorySampled",
     "Message",
     "Release",
+    "Reload",
+    "RemoveModel",
     "ReplyChannel",
+    "Rescanned",
     "Spawned",
     "StopAll",
     "UnloadModel",
@@ -73,24 +76,49 @@ class StopAll:
 
 
 @attrs.frozen
-class BeginReload:
-    """Loads wait; the running models named are stopped (their preset changed)."""
+class Drain:
+    """Shutdown begins: answer every waiter, start no load, let leases finish."""
 
     rid: int
-    restart: tuple[str, ...]
     reply: ReplyChannel
 
 
 @attrs.frozen
-class FinishReload:
+class Reload:
+    """``GET /models?reload=1``: re-scan the sources and reconcile (§6.9). Carried out by
+    the scheduler whatever becomes of the asker."""
+
     rid: int
-    models: tuple[ModelConfig, ...]
     reply: ReplyChannel
+
+
+@attrs.frozen
+class RemoveModel:
+    """``DELETE /models?model=``: stop it, delete its cache files, reload (§8)."""
+
+    rid: int
+    model: str
+    reply: ReplyChannel
+
+
+@attrs.frozen
+class Rescanned:
+    """A scan the scheduler started is done: the catalogue, or why it could not be read.
+    ``removed``: the model whose files were deleted first (a removal's reload)."""
+
+    rid: int
+    result: PreparedCatalog | str
+    removed: str | None = None
 
 
 @attrs.frozen
 class MemorySampled:
     sample: MemorySample
+    version: int
+
+
+@attrs.frozen
+class MemorySampleFailed:
     version: int
 
 
@@ -126,9 +154,12 @@ Message = (
     | LoadModel
     | UnloadModel
     | StopAll
-    | BeginReload
-    | FinishReload
+    | Drain
+    | Reload
+    | RemoveModel
+    | Rescanned
     | MemorySampled
+    | MemorySampleFailed
     | Spawned
     | ChildState
     | Exited

@@ -16,7 +16,7 @@ from troupe.http import cors
 from troupe.http.context import RouterContext
 from troupe.http.errors import NOT_FOUND_BODY, middleware_error_body
 from troupe.http.proxy_routes import handle_proxy_get, handle_proxy_post, handle_stream_get
-from troupe.http.routing import Route, classify
+from troupe.http.routing import Route, classify, is_dashboard, strip_prefix
 from troupe.http.server.asgi_adapter import AsgiApp
 from troupe.http.server.exchange import Exchange
 from troupe.http.server.parse import Request
@@ -58,6 +58,9 @@ class Front:
         keys = self.ctx.settings.api_keys
         if not keys or ex.path in PUBLIC_PATHS:
             return True
+        route = strip_prefix(ex.path, self.ctx.settings.api_prefix)
+        if ex.method == "GET" and route is not None and is_dashboard(route):
+            return True  # the dashboard's page asks for the key and sends it with each request
         given = ex.header(b"authorization") or ex.header(b"x-api-key") or ""
         given = given.removeprefix("Bearer ")
         return given in keys

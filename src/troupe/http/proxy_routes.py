@@ -153,15 +153,19 @@ async def _lease_and_relay(
         # A conversation's wait ignores the client going away (a page reload must not
         # cancel the load); only a stop of the conversation cancels it (§6.6).
         if ticket:
-            with trio.CancelScope(shield=True) as wait_scope:
+            with (
+                trio.CancelScope(shield=True) as wait_scope,
+                ctx.metrics.time_queue_wait(entry.name),
+            ):
                 tracker.attach(conv_id, ticket, wait_scope)
                 rid, grant = await acquire_within(
                     ctx, entry.name, autoload=autoload, update_last_used=update_last_used
                 )
         else:
-            rid, grant = await acquire_within(
-                ctx, entry.name, autoload=autoload, update_last_used=update_last_used
-            )
+            with ctx.metrics.time_queue_wait(entry.name):
+                rid, grant = await acquire_within(
+                    ctx, entry.name, autoload=autoload, update_last_used=update_last_used
+                )
     except ModelUnavailable as exc:
         await _send_failure(ex, exc.failure)
         return

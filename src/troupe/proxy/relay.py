@@ -59,6 +59,9 @@ _JSON_TYPE = JSON_TYPE.encode()
 CLOSE_GRACE = 2.0  # seconds to close an upstream answer when the client went away
 FINISH_CHUNK = 0.5  # at a hard stop, how long to wait for the rest of a chunk
 _BUMP = 1.0  # the read deadline moves at most once a second (cheaper than per read)
+# One call per relayed request as it ends: (route path, status, request body
+# bytes, response body bytes relayed) (troupe.ops.metrics.RouterMetrics.observe_relay).
+Observe = Callable[[str, int, int, int], None]
 
 
 class Client(Protocol):
@@ -151,10 +154,11 @@ def _error_event(message: str, code: int = 500, type_: str = "server_error") -> 
 class Relay:
     """Pooled connections to every child; `relay` proxies one request."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, observe: Observe | None = None) -> None:
         # upstream: connect and read time out after --timeout (3600 s by default); a
         # long prefill sends nothing for a while, so reads get the whole of it.
         self._pool = UpstreamPool(CHILD_HOST, connect_timeout=timeout, read_timeout=timeout)
+        self._observer = observe
 
     async def aclose(self) -> None:
         await self._pool.aclose()
@@ -187,9 +191,11 @@ class Relay:
             return None
         return upstream.status_code, data
 
-    def _observe(self, client: Client, status: int, relayed: int) -> None:
+    def _observe(self, client: Client, status: int, sent: int, relayed: int) -> None:
         """Called once per relayed request, when it ends (whatever the outcome): the
-        place for the proxied-request metrics (route, status, bytes relayed)."""
+        proxied-request metrics (route, status, bytes relayed both ways)."""
+        if self._observer is not None:
+            self._observer(client.path, status, sent, relayed)
 
     async def relay(
         self,
@@ -241,7 +247,7 @@ class Relay:
                 # it stops generating; a finished one returns its connection to the pool.
                 upstream.close()
         finally:
-            self._observe(client, status, relayed)
+            self._observe(client, status, len(body), relayed)
 
     async def _stream(
         self,

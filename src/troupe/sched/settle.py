@@ -7,7 +7,7 @@ the moment something changes instead of every 200 ms.
 from __future__ import annotations
 
 from troupe.sched.base import FAKE_TIMING_DELAY, CoreBase, DirectLoad, Waiter
-from troupe.sched.effects import Failure
+from troupe.sched.effects import DeleteFiles, Failure, Reloaded
 from troupe.sched.lru import evictions_needed, pick_victim
 from troupe.sched.status import Status
 from troupe.sched.table import ModelState
@@ -18,6 +18,19 @@ __all__ = ["Settling"]
 class Settling(CoreBase):
     def _settle(self, now: float) -> None:
         """Re-examine every waiter and parked load, then free slots the queue needs."""
+        self._now = now
+        pending = self._reload
+        if pending is not None and not any(
+            (m := self._models.get(n)) is not None and m.is_running for n in pending.restart
+        ):
+            self._finish_reload()
+        for rid, model in list(self._removals.items()):
+            gone = self._models.get(model)
+            if gone is None or not gone.is_running:
+                del self._removals[rid]
+                self._models.pop(model, None)
+                self._out.append(DeleteFiles(rid, model))
+        self._call_off_drains()
         busy_stopping = any(s.stopping for s in self._models.values())
         if not self._closing and not self._reloading and not busy_stopping:
             for m in list(self._models.values()):
@@ -47,6 +60,43 @@ class Settling(CoreBase):
                 self._reply(rid, None)
             self._stop_all.clear()
 
+    def _finish_reload(self) -> None:
+        """Swap in the new model list (§6.9 steps 4-8); called by settling once every
+        model the reload stops is gone."""
+        pending = self._reload
+        assert pending is not None
+        self._reload = None
+        fresh = {c.name: c for c in pending.models}
+        for name, m in list(self._models.items()):
+            if name not in fresh:
+                if m.is_running:
+                    m.removed = True  # dropped once its child is gone
+                    self._request_stop(m, "removed from the catalogue")
+                else:
+                    del self._models[name]
+        for name, config in fresh.items():
+            existing = self._models.get(name)
+            if existing is None:
+                self._models[name] = ModelState(config)
+                continue
+            m = existing
+            if self.memory is not None and m.config.fingerprint != config.fingerprint:
+                self.memory.effective.pop(name, None)  # seen under another command line
+            m.config = config
+            if not any(r == name for r in self._removals.values()):
+                m.removed = False
+            if not m.is_running:
+                m.exit_code = 0  # a reload clears "failed"
+                m.crashes.clear()
+                m.held_until = None
+        if self.memory is not None:
+            for name, config in fresh.items():
+                self.memory.set_estimate(name, config.need)
+        self._emit("*", "models_reload")
+        self._out.append(Reloaded(pending.rid, tuple(pending.rids)))
+        for rid in pending.rids:
+            self._reply(rid, None)
+
     def _finish(self, rid: int, w: Waiter, result: Failure) -> None:
         del self._waiters[rid]
         if w.queued:
@@ -60,8 +110,9 @@ class Settling(CoreBase):
         if m is None or m.removed:
             self._finish(rid, w, Failure.server_error(f"model name={name} is not found"))
             return
-        if m.stopping:
-            # A stopping instance takes no new request; the next instance serves it.
+        if m.stopping or m.draining_for is not None:
+            # A stopping (or draining) instance takes no new request; the next one serves
+            # it, after the models ahead in line.
             if not w.queued:
                 self._queue.join(name)
                 w.queued = True
@@ -151,6 +202,10 @@ class Settling(CoreBase):
         if ledger is None or ledger.need(name) is None:
             return True  # unknown need: load without the check, learn it once it is up
         if not self._sample_fresh():
+            if self._sample_failed_version == self._mem_version:
+                warning = "loading without the memory check: memory could not be read"
+                self._emit(name, "troupe_memory", {"warning": warning})
+                return True
             self._request_sample()
             return False
         assert self._sample is not None
@@ -173,7 +228,8 @@ class Settling(CoreBase):
         return False  # busy or pinned models hold the memory: wait for one to go idle
 
     def _tick(self) -> None:
-        """Evict idle models while queued requests outnumber free slots (upstream ``tick``)."""
+        """Evict idle models while queued requests outnumber free slots (upstream ``tick``);
+        when none is idle, note since when the queue starves (see `_start_drain`)."""
         need = evictions_needed(self._models, self._queue, self.models_max)
         # The free slots go to the first entries in line; the evictions are for the rest.
         needy = [
@@ -182,8 +238,49 @@ class Settling(CoreBase):
             if not e.loading
             and not (self._models[e.model].is_running and not self._models[e.model].stopping)
         ]
+        starving = False
         for model in needy[len(needy) - need :] if need > 0 else []:
             victim = pick_victim(self._models, self._queue)
             if victim is None:
-                return  # everything left is busy or pinned: wait for a request to end
+                starving = True  # everything left is busy or pinned
+                break
             self._request_stop(self._models[victim], f"lru for {model}")
+        draining = [m for m in self._models.values() if m.draining_for is not None]
+        for m in draining:
+            if m.in_flight == 0 and not m.stopping:
+                self._request_stop(m, f"drain for {m.draining_for}")
+        if starving and not draining and not self._closing and not self._reloading:
+            if self._starved_since is None:
+                self._starved_since = self._now
+        else:
+            self._starved_since = None
+
+    def _call_off_drains(self) -> None:
+        """A drain whose model no longer waits for a slot (it left, or it got one) ends:
+        the model takes leases again, before anyone waiting for it is looked at."""
+        for m in self._models.values():
+            target = m.draining_for
+            if target is None or m.stopping:
+                continue
+            entry = self._queue.find(target)
+            wanted = self._models.get(target)
+            if entry is None or wanted is None or wanted.is_running:
+                m.draining_for = None
+
+    def _start_drain(self) -> None:
+        """The queue has starved for ``drain_after``: the least recently used busy model
+        takes no new lease, and is stopped once its requests end (fair admission)."""
+        self._starved_since = None
+        needy = [
+            e.model
+            for e in self._queue.entries
+            if not e.loading and not self._models[e.model].is_running
+        ]
+        if not needy:
+            return
+        victim = pick_victim(self._models, self._queue, busy=True)
+        if victim is None:
+            return  # only pinned models hold the slots: nothing may be drained
+        m = self._models[victim]
+        m.draining_for = needy[0]
+        self._emit(victim, "troupe_drain", {"for": needy[0], "in_flight": m.in_flight})

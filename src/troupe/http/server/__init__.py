@@ -26,7 +26,9 @@ __all__ = ["DRAIN_TIMEOUT", "HttpServer", "ServerConfig", "serve_http", "server_
 
 log = logging.getLogger("troupe.http")
 
-DRAIN_TIMEOUT = 3.0  # requests in flight get this long once the stop starts
+# service.shutdown has already waited for leases (--drain-timeout); what is left (a
+# request cut at that deadline, a router-local stream) gets this long.
+DRAIN_TIMEOUT = 1.0
 
 
 def server_config(settings: RouterSettings) -> ServerConfig:
