@@ -1,11 +1,8 @@
 """A small pooled HTTP/1.1 client for talking to children: llhttp (httptools) on Trio sockets.
 
 The relay's hot path. Each child keeps a stack of idle keep-alive connections (the
-most recently used first, no scanning); a request goes out in one write; the answer's
-head is parsed and its body is handed over either as the bytes that came off the
-wire (`UpstreamResponse.receive_raw`, chunk framing included, for the byte relay) or
-decoded (`UpstreamResponse.chunks`, for small answers the router reads itself). The
-C parser only watches the bytes go by, to know where the answer ends.
+most recently used first, no scanning); a request goes out in one write; the answer
+is read as `troupe.proxy.answer` says.
 
 Connections are pooled per child, keyed by (model, generation), never by port: a
 port is reused by the next child, and a connection to a child that is gone must
@@ -16,15 +13,15 @@ hundreds of descriptors open) and makes any still in use close when they finish.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import attrs
-import httptools
 import trio
+
+from troupe.proxy.answer import ChildConnection, Stale, UpstreamError, UpstreamResponse
 
 __all__ = [
     "Child",
@@ -35,13 +32,7 @@ __all__ = [
     "render_request",
 ]
 
-READ_SIZE = 65536
 MAX_IDLE_PER_PORT = 64
-MAX_HEAD = 64 << 10  # a child's response head is a few hundred bytes
-
-
-class UpstreamError(Exception):
-    """The child could not be reached, or broke the connection."""
 
 
 class Child(Protocol):
@@ -79,279 +70,6 @@ def render_request(
     return b"".join(parts)
 
 
-class _Connection:
-    """One keep-alive connection and the llhttp parser that follows its answers.
-
-    The parser's callbacks land here (httptools calls methods of the object it was
-    given); only the ones the relay needs exist, so llhttp calls nothing else."""
-
-    __slots__ = (
-        "chunk_open",
-        "collect",
-        "decoded",
-        "done",
-        "drained",
-        "head_done",
-        "headers",
-        "keep_alive",
-        "parser",
-        "raw",
-        "read_timeout",
-        "stream",
-    )
-
-    def __init__(
-        self, stream: trio.SocketStream, raw: socket.socket, read_timeout: float | None
-    ) -> None:
-        self.stream = stream
-        self.raw = raw  # the same socket, for a read right after it became readable
-        self.read_timeout = read_timeout  # longest silence from the child (--timeout)
-        self.parser = httptools.HttpResponseParser(self)
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.head_done = False
-        self.done = False
-        self.keep_alive = True
-        self.chunk_open = False
-        self.collect = False  # keep decoded body pieces (chunks()), else just follow
-        self.decoded: list[bytes] = []
-        self.drained = False  # the last read took all there was
-
-    # -- llhttp callbacks
-    def on_message_begin(self) -> None:
-        self.headers = []
-        self.head_done = self.done = False
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        self.head_done = True
-        self.keep_alive = self.parser.should_keep_alive()
-
-    def on_body(self, body: bytes) -> None:
-        if self.collect:
-            self.decoded.append(body)
-
-    def on_message_complete(self) -> None:
-        self.done = True
-
-    def on_chunk_header(self) -> None:
-        self.chunk_open = True
-
-    def on_chunk_complete(self) -> None:
-        self.chunk_open = False
-
-    # --
-    def feed(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            raise UpstreamError(f"the child sent an invalid answer: {exc}") from None
-
-    async def receive(self) -> bytes:
-        with trio.move_on_after(self.read_timeout or math.inf) as scope:
-            return await self._receive()
-        assert scope.cancelled_caught
-        raise UpstreamError("Read timeout")
-
-    async def _receive(self) -> bytes:
-        try:
-            return bytes(await self.stream.receive_some(READ_SIZE))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise _Broken(f"connection to the child broke: {exc}") from exc
-
-    async def read_head(self) -> bytes:
-        """Read up to the end of a final (not 1xx) answer's head; returns the body bytes
-        that came with it. Raises `_Stale` if the child closed before answering. One
-        deadline for the whole head (the time to first byte is the long part)."""
-        with trio.move_on_after(self.read_timeout or math.inf) as scope:
-            return await self._read_head()
-        assert scope.cancelled_caught
-        raise UpstreamError("Read timeout")
-
-    async def _read_head(self) -> bytes:
-        buf = b""
-        while True:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEAD:
-                    raise UpstreamError("the child's answer head is too large")
-                try:
-                    data = await self._receive()
-                except _Broken as exc:
-                    if buf:
-                        raise
-                    raise _Stale(str(exc)) from None  # a pooled connection reset: retry
-                if not data:
-                    if buf:
-                        raise UpstreamError("the child closed the connection mid-answer")
-                    raise _Stale("the child closed the connection without answering")
-                buf += data
-                continue
-            head, buf = buf[: end + 4], buf[end + 4 :]
-            self.feed(head)
-            if not 100 <= self.parser.get_status_code() < 200:
-                return buf
-            # an interim answer (100 Continue): the real one follows
-
-    def close_now(self) -> None:
-        self.stream.socket.close()
-
-    @property
-    def reusable(self) -> bool:
-        return self.done and self.keep_alive
-
-
-class UpstreamResponse:
-    """Status and headers of a child's answer; the body is read with `receive_raw`
-    (wire bytes) or `chunks` (decoded), not both."""
-
-    def __init__(self, pool: UpstreamPool, key: _Key, conn: _Connection, first: bytes) -> None:
-        self._pool = pool
-        self._key = key
-        self._conn: _Connection | None = conn
-        self.status_code: int = conn.parser.get_status_code()
-        self.headers: list[tuple[bytes, bytes]] = conn.headers
-        self._first = first  # body bytes that arrived with the head, not yet handed out
-        self.read_timeout = conn.read_timeout
-        # No length and not chunked: the body runs until the child closes (RFC 9112 6.3).
-        self._until_close = (
-            not conn.done
-            and not self.chunked
-            and not any(k.lower() == b"content-length" for k, _ in self.headers)
-        )
-
-    def header(self, name: bytes) -> str | None:
-        for key, value in self.headers:
-            if key.lower() == name:
-                return value.decode("latin-1")
-        return None
-
-    @property
-    def chunked(self) -> bool:
-        value = self.header(b"transfer-encoding")
-        return value is not None and "chunked" in value.lower()
-
-    @property
-    def complete(self) -> bool:
-        """The whole answer has been read."""
-        return self._conn is None or self._conn.done
-
-    @property
-    def mid_chunk(self) -> bool:
-        """The bytes read so far end inside a chunk (a relay must not cut there)."""
-        return self._conn is not None and self._conn.chunk_open
-
-    def take_first(self) -> bytes:
-        """The body bytes that arrived with the head (maybe none), as `receive_raw`
-        would return them, without waiting."""
-        data, self._first = self._first, b""
-        if data and self._conn is not None:
-            self._conn.feed(data)
-        return data
-
-    async def receive_raw(self) -> bytes:
-        """The next bytes of the body as they came off the wire (chunk framing
-        included); b"" once the answer is complete. No read timeout here: the caller
-        bounds the whole relay (one cancel scope, cheaper than one per read)."""
-        conn = self._conn
-        if conn is None:
-            return b""
-        if self._first:
-            data, self._first = self._first, b""
-            conn.feed(data)
-            return data
-        if conn.done:
-            return b""
-        try:
-            if conn.drained:
-                # The last read emptied the socket: wait until it is readable, then read
-                # at once (no read that fails first, no second pass through the
-                # scheduler: one wake-up and one syscall per event).
-                await trio.lowlevel.wait_readable(conn.raw)
-                try:
-                    data = conn.raw.recv(READ_SIZE)
-                except BlockingIOError:
-                    data = await conn.stream.receive_some(READ_SIZE)
-            else:
-                data = await conn.stream.receive_some(READ_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise UpstreamError(f"connection to the child broke: {exc}") from exc
-        if not data:
-            return self._eof()
-        conn.drained = len(data) < READ_SIZE
-        conn.feed(data)
-        return data
-
-    def _eof(self) -> bytes:
-        """The child closed: the end of an answer delimited by the close, else a break."""
-        if self._until_close and self._conn is not None:
-            self._conn.done = True
-            self._conn.keep_alive = False
-            return b""
-        raise UpstreamError("the child closed the connection mid-response")
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        """The decoded body as it arrives. Not an async generator (none is left for
-        the garbage collector when a client disconnects midway)."""
-        if self._conn is not None:
-            self._conn.collect = True
-        return _Chunks(self)
-
-    async def _next_decoded(self) -> bytes | None:
-        conn = self._conn
-        if conn is None:
-            return None
-        if self._first:
-            data, self._first = self._first, b""
-            conn.feed(data)
-        elif conn.done:
-            return None
-        else:
-            data = await conn.receive()
-            if not data:
-                self._eof()
-                return None
-            conn.feed(data)
-        out = b"".join(conn.decoded)
-        conn.decoded.clear()
-        return out
-
-    async def aclose(self) -> None:
-        """`close`, as a checkpoint."""
-        self.close()
-        await trio.lowlevel.checkpoint()
-
-    def close(self) -> None:
-        """Done with this answer: a fully read keep-alive connection goes back to the
-        pool; anything else is closed, which tells the child to stop. Never blocks."""
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        conn.collect = False
-        conn.decoded.clear()
-        if conn.reusable and not self._first:
-            self._pool._put(self._key, conn)  # or closed, if that child is gone
-        else:
-            conn.close_now()
-
-
-class _Chunks:
-    def __init__(self, response: UpstreamResponse) -> None:
-        self._response = response
-
-    def __aiter__(self) -> _Chunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        while True:
-            chunk = await self._response._next_decoded()
-            if chunk is None:
-                raise StopAsyncIteration
-            if chunk:
-                return chunk
-
-
 class UpstreamPool:
     """Keep-alive connections to ``127.0.0.1:<port>`` of each child, per (model, gen)."""
 
@@ -364,7 +82,7 @@ class UpstreamPool:
         self.host = host
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self._idle: dict[_Key, list[_Connection]] = {}
+        self._idle: dict[_Key, list[ChildConnection]] = {}
         self._gone: dict[str, int] = {}  # model -> newest generation known to be gone
         self._closed = False
 
@@ -376,7 +94,7 @@ class UpstreamPool:
     def _is_gone(self, key: _Key) -> bool:
         return self._closed or key[1] <= self._gone.get(key[0], -1)
 
-    def _put(self, key: _Key, conn: _Connection) -> None:
+    def _put(self, key: _Key, conn: ChildConnection) -> None:
         """Pool a finished connection; one to a child that is gone is closed instead."""
         idle = None if self._is_gone(key) else self._idle.setdefault(key, [])
         if idle is not None and len(idle) < MAX_IDLE_PER_PORT:
@@ -393,7 +111,7 @@ class UpstreamPool:
             for conn in self._idle.pop(key):
                 conn.close_now()
 
-    async def _connect(self, port: int) -> _Connection:
+    async def _connect(self, port: int) -> ChildConnection:
         raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         raw.setblocking(False)
         sock = trio.socket.from_stdlib_socket(raw)
@@ -410,7 +128,7 @@ class UpstreamPool:
         except BaseException:
             sock.close()
             raise
-        return _Connection(trio.SocketStream(sock), raw, self.read_timeout)  # TCP_NODELAY set
+        return ChildConnection(trio.SocketStream(sock), raw, self.read_timeout)  # TCP_NODELAY set
 
     async def request(
         self,
@@ -441,22 +159,22 @@ class UpstreamPool:
                 del self._idle[key]
             try:
                 return await self._exchange(key, conn, wire)
-            except _Stale:
+            except Stale:
                 pass
         conn = await self._connect(child.port)
         try:
             return await self._exchange(key, conn, wire)
-        except _Stale as exc:
+        except Stale as exc:
             raise UpstreamError(str(exc)) from None
 
-    async def _exchange(self, key: _Key, conn: _Connection, wire: bytes) -> UpstreamResponse:
+    async def _exchange(self, key: _Key, conn: ChildConnection, wire: bytes) -> UpstreamResponse:
         try:
             try:
                 await conn.stream.send_all(wire)
             except (trio.BrokenResourceError, OSError) as exc:
-                raise _Stale(f"connection to the child failed: {exc}") from None
+                raise Stale(f"connection to the child failed: {exc}") from None
             first = await conn.read_head()
-            return UpstreamResponse(self, key, conn, first)
+            return UpstreamResponse(conn, first, lambda done: self._put(key, done))
         except BaseException:
             conn.close_now()
             raise
@@ -468,11 +186,3 @@ class UpstreamPool:
             for conn in conns:
                 conn.close_now()
         await trio.lowlevel.checkpoint()
-
-
-class _Stale(Exception):
-    """The child closed or reset a connection before answering: safe to send again."""
-
-
-class _Broken(UpstreamError):
-    pass
