@@ -58,6 +58,8 @@ class HeldResult:
     rss_peak: int
     proxy_cpu_s: float
     errors: int
+    fds_before: int = 0
+    fds_after: int = 0  # once every stream ended (a leak shows here)
 
 
 @dataclass
@@ -192,6 +194,7 @@ def held(url: str, model: str, proc: Proc, streams: int, rate: float, seconds: f
     )
     me = psutil.Process(proc.pid)
     rss_before = me.memory_info().rss
+    fds_before = me.num_fds()
     poller = select.epoll()
     socks: dict[int, socket.socket] = {}
     counts: dict[int, int] = {}
@@ -231,9 +234,16 @@ def held(url: str, model: str, proc: Proc, streams: int, rate: float, seconds: f
     for s in socks.values():
         s.close()
     poller.close()
+    fds_after = me.num_fds()
+    for _ in range(100):  # until troupe has seen every close
+        if fds_after <= fds_before:
+            break
+        time.sleep(0.05)
+        fds_after = me.num_fds()
     return HeldResult(
-        streams, rate, seconds, sorted(counts.values()), rss_before, peak, cpu, errors
-    )
+        streams, rate, seconds, sorted(counts.values()), rss_before, peak, cpu, errors,
+        fds_before, fds_after,
+    )  # fmt: skip
 
 
 def idle(url: str, proc: Proc, connections: int) -> IdleResult:

@@ -564,7 +564,9 @@ def print_relay(report: Report) -> None:
               f"(expected {expect}); starved {starved}; errors {h.errors}")  # fmt: skip
         print(f"  per-stream rate: {got[0] / h.seconds:.1f}-{got[-1] / h.seconds:.1f} events/s; "
               f"troupe CPU {h.proxy_cpu_s / max(1, total) * 1e6:.1f} us/event; "
-              f"RSS {h.rss_before / 2**20:.0f} -> peak {h.rss_peak / 2**20:.0f} MiB")  # fmt: skip
+              f"RSS {h.rss_before / 2**20:.0f} -> peak {h.rss_peak / 2**20:.0f} MiB; "
+              f"open fds {h.fds_before} -> {h.fds_after} after (the pool keeps up to 64 "
+              f"idle connections per child)")  # fmt: skip
     if report.idle is not None:
         i = report.idle
         print(f"\nidle connections: {i.connections}, troupe RSS {i.rss_before / 2**20:.1f} -> "
