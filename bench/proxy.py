@@ -13,12 +13,20 @@ three alike) and prints:
   p50, p99, and CPU time per request of the proxy, the child and the client;
 * one long streamed ``/completion`` (SSE) through each: events/s and the proxy's
   CPU time per event (what bounds its relay rate once the child is faster);
-* the ratios troupe/direct, C++ router/direct and troupe/C++ router.
+* the ratios troupe/direct, C++ router/direct and troupe/C++ router;
+* the relay's own figures (bench/_relay.py), against a stand-in child that writes
+  events faster than any relay forwards them: burst streams (events/s, troupe's CPU
+  per event), paced streams that arrive one event per read, 1,000 streams held open
+  at once (per-stream event counts, troupe's RSS), and memory per idle connection.
+
+``--profile`` samples troupe with py-spy during the small-request scenarios and
+prints where its CPU goes (self time by function).
 
 The load generator is ``wrk`` when it is on PATH, else a built-in epoll client;
 the direct figures use the same client, so the ratios compare like with like.
 
-    .venv/bin/python bench/proxy.py [--quick] [--fake] [--connections N] [--seconds S]
+    .venv/bin/python bench/proxy.py [--quick] [--fake] [--connections 8,64] [--seconds S]
+        [--no-relay] [--streams 1000] [--profile]
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import math
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +49,7 @@ from types import FrameType
 
 import psutil
 
+import _relay
 from _util import (
     HttpRequest,
     LoadResult,
@@ -97,6 +107,12 @@ class Report:
     scenarios: list[Scenario] = field(default_factory=list)
     figures: dict[tuple[str, str], Figures] = field(default_factory=dict)  # (scenario, target)
     sse: dict[str, SseFigures] = field(default_factory=dict)
+    sse_many: dict[str, tuple[_relay.BurstResult, float]] = field(default_factory=dict)
+    relay: list[tuple[str, _relay.BurstResult]] = field(default_factory=list)
+    paced: _relay.HeldResult | None = None
+    held: _relay.HeldResult | None = None
+    idle: _relay.IdleResult | None = None
+    profile: list[str] = field(default_factory=list)
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -207,15 +223,27 @@ def measure_sse(target: Target, n_predict: int) -> SseFigures:
     return SseFigures(result, _cpu(target.proxy) - p0, _cpu(target.child) - c0)
 
 
-def scenarios(connections: int) -> list[Scenario]:
+def measure_sse_many(
+    target: Target, n_predict: int, streams: int
+) -> tuple[_relay.BurstResult, float]:
+    """``streams`` streamed completions at once (the child's slots in parallel): the
+    relay's CPU per event when events arrive one by one from several streams."""
+    body = {"model": MODEL.name, "prompt": "hello", "n_predict": n_predict, "stream": True,
+            "ignore_eos": True, "cache_prompt": False}  # fmt: skip
+    c0 = _cpu(target.child)
+    pid = target.proxy.pid if target.proxy is not None else None
+    result = _relay.streams_at_once(target.url, body, streams, pid)
+    return result, _cpu(target.child) - c0
+
+
+def scenarios(concurrency: list[int]) -> list[Scenario]:
     tokenize = json.dumps({"model": MODEL.name, "content": "hello world"}).encode()
     post = HttpRequest("POST", "/tokenize", tokenize)
     get = HttpRequest("GET", f"/slots?model={MODEL.name}")
+    levels = sorted({1, *concurrency})
     return [
-        Scenario("POST /tokenize c=1", post, 1),
-        Scenario(f"POST /tokenize c={connections}", post, connections),
-        Scenario("GET /slots?model= c=1", get, 1),
-        Scenario(f"GET /slots?model= c={connections}", get, connections),
+        *(Scenario(f"POST /tokenize c={c}", post, c) for c in levels),
+        *(Scenario(f"GET /slots?model= c={c}", get, c) for c in levels),
     ]
 
 
@@ -292,6 +320,19 @@ def print_report(report: Report, targets: list[str]) -> None:
         _table(rows, ["", "target", "events", "events/s", "first ms",
                       "proxy CPU us/event", "child"])  # fmt: skip
 
+    print_relay(report)
+    if report.sse_many:
+        n = next(iter(report.sse_many.values()))[0].streams
+        print(f"\n{n} streamed /completion at once (real engine); events/s over all of them")
+        rows = []
+        for name in targets:
+            r, child_cpu = report.sse_many[name]
+            rows.append([
+                "", name, str(r.events), f"{r.events_per_s:.0f}",
+                "-" if name == "direct" else f"{r.cpu_us_per_event:.1f}",
+                f"{child_cpu / max(1, r.events) * 1e6:.1f}",
+            ])  # fmt: skip
+        _table(rows, ["", "target", "events", "events/s", "proxy CPU us/event", "child"])
     pairs = [(a, b) for a, b in PAIRS if a in targets and b in targets]
     print("\nratios (req/s and events/s: higher is better; latency and CPU: lower is better)")
     rows = []
@@ -316,6 +357,12 @@ def print_report(report: Report, targets: list[str]) -> None:
             per_event = {t: sse[t].proxy_cpu_s / max(1, sse[t].result.events) for t in targets}
             rows.append(["", "proxy CPU/event", "", "",
                          _ratio(per_event["troupe"], per_event["C++ router"])])  # fmt: skip
+    if report.sse_many and "C++ router" in targets and "troupe" in targets:
+        many = report.sse_many
+        ratio_row("SSE streams at once", "events/s", {t: many[t][0].events_per_s for t in targets})
+        rows.append(["", "proxy CPU/event", "", "",
+                     _ratio(many["troupe"][0].cpu_us_per_event,
+                            many["C++ router"][0].cpu_us_per_event)])  # fmt: skip
     _table(rows, ["", "", *(f"{a}/{b}" for a, b in pairs)])
 
 
@@ -353,11 +400,20 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--fake", action="store_true", help="the fake engine (no C++ router then)")
     ap.add_argument("--seconds", type=float, help="measured seconds per scenario and target")
     ap.add_argument("--warmup", type=float, help="seconds of warm-up before each measurement")
-    ap.add_argument("--connections", type=int, default=32, help="concurrency for throughput")
+    ap.add_argument(
+        "--connections",
+        type=lambda text: [int(c) for c in text.split(",")],
+        default=[8, 64],
+        help="concurrency levels for throughput, besides 1 (default 8,64)",
+    )
     ap.add_argument("--n-predict", type=int, help="tokens in the SSE stream (default 4000)")
     ap.add_argument("--engine", help="llama-server binary (default: troupe's find_engine)")
     ap.add_argument("--no-wrk", action="store_true", help="built-in client even if wrk is there")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
+    ap.add_argument("--no-relay", action="store_true", help="skip the relay's own scenarios")
+    ap.add_argument("--sse-streams", type=int, default=4, help="real-engine streams at once")
+    ap.add_argument("--streams", type=int, default=1000, help="streams held open at once")
+    ap.add_argument("--profile", action="store_true", help="py-spy troupe (small requests)")
     return ap.parse_args()
 
 
@@ -372,7 +428,8 @@ def run(args: argparse.Namespace, engine: Path, tmp: Path, report: Report) -> li
     n_predict = min(args.n_predict or (2000 if args.quick else 4000), MODEL.n_ctx - 8)
     use_wrk = shutil.which("wrk") is not None and not args.no_wrk
     client = f"wrk ({shutil.which('wrk')})" if use_wrk else "built-in epoll client (Python)"
-    print(f"client:  {client}, {args.connections} connections for throughput")
+    levels = ", ".join(str(c) for c in args.connections)
+    print(f"client:  {client}, {levels} connections for throughput (and 1 for latency)")
     print(f"timing:  {warmup:g} s warm-up + {seconds:g} s measured per scenario and target")
     print(f"SSE:     one /completion stream of n_predict={n_predict} per target")
     with _process_stack() as procs:
@@ -380,7 +437,11 @@ def run(args: argparse.Namespace, engine: Path, tmp: Path, report: Report) -> li
         for sc in report.scenarios:
             for t in targets:
                 _progress(f"  {sc.label:<28} {t.name:<11}")
+                profiling = args.profile and t.name == "troupe" and sc.connections > 1
+                spy = _start_profile(t, seconds + warmup, tmp) if profiling else None
                 f = measure(t, sc, seconds, warmup, use_wrk)
+                if spy is not None:
+                    report.profile += [f"{sc.label}:", *_finish_profile(spy, tmp)]
                 _progress(f" {f.load.rps:8.0f} req/s", "\n")
                 report.figures[(sc.label, t.name)] = f
         for t in targets:
@@ -388,7 +449,68 @@ def run(args: argparse.Namespace, engine: Path, tmp: Path, report: Report) -> li
             s = measure_sse(t, n_predict)
             _progress(f" {s.result.events_per_s:8.0f} events/s", "\n")
             report.sse[t.name] = s
+        for t in targets:
+            _progress(f"  {f'SSE x{args.sse_streams} streams':<28} {t.name:<11}")
+            many = measure_sse_many(t, n_predict, args.sse_streams)
+            _progress(f" {many[0].events_per_s:8.0f} events/s", "\n")
+            report.sse_many[t.name] = many
+    if not args.no_relay:
+        run_relay(args, tmp, report)
     return [t.name for t in targets]
+
+
+def run_relay(args: argparse.Namespace, tmp: Path, report: Report) -> None:
+    """The relay's own scenarios, against `_sse_engine.py` (its own troupe)."""
+    _relay.raise_fd_limit()
+    events = 50_000 if args.quick else 200_000
+    with _process_stack() as procs:
+        proc, url = _relay.start_troupe(procs, tmp, tmp / "models", MODEL.name)
+        _progress(f"  {'idle connections':<28} {'troupe':<11}")
+        report.idle = _relay.idle(url, proc, 1000)
+        _progress(f" {report.idle.per_connection / 1024:8.1f} KiB each", "\n")
+        direct = _relay.child_url(proc)
+        for streams in (1, 4):
+            for name, target, pid in (("direct", direct, None), ("troupe", url, proc.pid)):
+                _progress(f"  {f'SSE burst x{streams}':<28} {name:<11}")
+                r = _relay.burst(target, MODEL.name, events // streams, streams, pid)
+                _progress(f" {r.events_per_s:8.0f} events/s", "\n")
+                report.relay.append((name, r))
+        seconds = 3.0 if args.quick else 10.0
+        _progress(f"  {'SSE paced 64 x 300/s':<28} {'troupe':<11}")
+        report.paced = _relay.held(url, MODEL.name, proc, 64, 300.0, seconds)
+        _progress(" done", "\n")
+        _progress(f"  {f'SSE held x{args.streams}':<28} {'troupe':<11}")
+        report.held = _relay.held(url, MODEL.name, proc, args.streams, 5.0, seconds * 2)
+        _progress(" done", "\n")
+
+
+def _start_profile(target: Target, seconds: float, tmp: Path) -> subprocess.Popen[bytes] | None:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if target.proxy is None or not Path(spy).exists():
+        return None
+    argv = [spy, "record", "-p", str(target.proxy.pid), "-d", str(max(1, round(seconds))),
+            "-r", "100", "-f", "raw", "-o", str(tmp / "profile.txt")]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _finish_profile(spy: subprocess.Popen[bytes], tmp: Path, top: int = 15) -> list[str]:
+    """Self time by function, from py-spy's raw (collapsed stacks) output."""
+    spy.wait()
+    counts: dict[str, int] = {}
+    total = 0
+    with contextlib.suppress(OSError):
+        for line in (tmp / "profile.txt").read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            if not stack or not n.isdigit():
+                continue
+            leaf = stack.split(";")[-1]
+            name, _, where = leaf.partition(" (")
+            where = where.split("site-packages/")[-1].split("/src/")[-1].rsplit(":", 1)[0]
+            key = f"{name} [{where}]"
+            counts[key] = counts.get(key, 0) + int(n)
+            total += int(n)
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+    return [f"  {100 * n / max(1, total):5.1f}%  {key}" for key, n in ranked]
 
 
 def main() -> int:
@@ -420,6 +542,38 @@ def main() -> int:
     print_report(report, names)
     print(f"\nload average at end: {_loadavg(os.getloadavg())}")
     return 0
+
+
+def print_relay(report: Report) -> None:
+    if report.relay:
+        print("\nSSE relay against a child that writes one event per send, faster than a relay")
+        rows = [["", name, str(r.streams), str(r.events), f"{r.events_per_s:.0f}",
+                 "-" if name == "direct" else f"{r.cpu_us_per_event:.2f}"]
+                for name, r in report.relay]  # fmt: skip
+        _table(rows, ["", "target", "streams", "events", "events/s", "troupe CPU us/event"])
+    for label, h in (("paced (one event per read)", report.paced), ("held open", report.held)):
+        if h is None:
+            continue
+        got = h.per_stream
+        expect = int(h.rate * h.seconds) + 1  # and the last event
+        starved = sum(1 for n in got if n < expect)
+        total = sum(got)
+        print(f"\nSSE {label}: {h.streams} streams x {h.rate:g} events/s for {h.seconds:g} s "
+              f"through troupe")  # fmt: skip
+        print(f"  events per stream: min {got[0]}, median {got[len(got) // 2]}, max {got[-1]} "
+              f"(expected {expect}); starved {starved}; errors {h.errors}")  # fmt: skip
+        print(f"  per-stream rate: {got[0] / h.seconds:.1f}-{got[-1] / h.seconds:.1f} events/s; "
+              f"troupe CPU {h.proxy_cpu_s / max(1, total) * 1e6:.1f} us/event; "
+              f"RSS {h.rss_before / 2**20:.0f} -> peak {h.rss_peak / 2**20:.0f} MiB; "
+              f"open fds {h.fds_before} -> {h.fds_after} after (the pool keeps up to 64 "
+              f"idle connections per child)")  # fmt: skip
+    if report.idle is not None:
+        i = report.idle
+        print(f"\nidle connections: {i.connections}, troupe RSS {i.rss_before / 2**20:.1f} -> "
+              f"{i.rss_after / 2**20:.1f} MiB, {i.per_connection / 1024:.1f} KiB each")  # fmt: skip
+    if report.profile:
+        print("\nwhere troupe's CPU goes (py-spy, self time):")
+        print("\n".join(report.profile))
 
 
 def _loadavg(load: tuple[float, float, float]) -> str:

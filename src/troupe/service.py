@@ -12,6 +12,7 @@ ladder. Every step is bounded, so the whole stop is; a second signal exits 1 at 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -74,6 +75,10 @@ async def _main(settings: RouterSettings, engine: Engine, table: OptionTable) ->
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async with trio.open_nursery() as root:
                     await root.start(serve_router, ctx)
+                    # What start-up built lives as long as the process: out of the
+                    # collector's sight, a full collection no longer scans it (88 ms
+                    # pauses under load before, each a p99 spike).
+                    gc.freeze()
                     sig = await _first_signal(signals)
                     log.info("%s: shutting down", signal.Signals(sig).name)
                     root.start_soon(_second_signal_exits, signals, ctx.scheduler)

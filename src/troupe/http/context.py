@@ -15,6 +15,7 @@ import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -40,6 +41,9 @@ from troupe.sched import ModelConfig, SchedulerCore
 from troupe.sched.memory import MemoryLedger
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
+
+if TYPE_CHECKING:
+    from troupe.http.server.lifecycle import HttpServer
 
 __all__ = ["RouterContext", "build_context", "fingerprint"]
 
@@ -107,6 +111,7 @@ class RouterContext:
         self.ready = False
         self.http_stop = trio.Event()
         self.http_done = trio.Event()
+        self.http_server: HttpServer | None = None  # set by serve_http (the drain's handle)
         # status.args shows the last rendered command line (port 0 before a first load).
         self._last_args: dict[str, list[str]] = {}
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import enum
-
-from troupe.http.asgi import Scope, query_params
+from collections.abc import Mapping
 
 __all__ = [
     "DASHBOARD",
@@ -101,15 +100,14 @@ def strip_prefix(path: str, prefix: str) -> str | None:
     return path[len(prefix) :]
 
 
-def classify(method: str, path: str, prefix: str, scope: Scope) -> Route:
+def classify(method: str, path: str, prefix: str, params: Mapping[str, str]) -> Route:
     route = strip_prefix(path, prefix)
     if route is None:
         return Route.NOT_FOUND
     if method == "POST" and (route in PROXY_POST_PATHS or _is_slot_action(route)):
         return Route.PROXY_POST
     if method == "GET" and (
-        route in PROXY_GET_PATHS
-        or (route in PROXY_GET_WITH_MODEL and query_params(scope).get("model"))
+        route in PROXY_GET_PATHS or (route in PROXY_GET_WITH_MODEL and params.get("model"))
     ):
         return Route.PROXY_GET
     if method == "GET" and route == "/v1/stream":

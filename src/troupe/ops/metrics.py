@@ -17,7 +17,6 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 
-from troupe.http.asgi import Message, Scope, Send
 from troupe.http.routing import PROXY_GET_PATHS, PROXY_POST_PATHS, strip_prefix
 from troupe.sched import Snapshot
 
@@ -162,22 +161,13 @@ class RouterMetrics:
         finally:
             self.queue_wait.labels(model, outcome).observe(max(0.0, self._clock() - started))
 
-    def observe_relay(self, scope: Scope, send: Send, body_bytes: int) -> Send:
-        """``send`` for one relayed response, counting its status and the bytes sent."""
-        route = route_label(str(scope.get("path", "")), self.prefix)
-        if body_bytes:
-            self.bytes.labels(route, "request").inc(body_bytes)
-        sent = self.bytes.labels(route, "response")
-        requests = self.requests
-
-        async def counting_send(message: Message) -> None:
-            kind = message["type"]
-            if kind == "http.response.body":
-                size = len(message.get("body", b""))
-                if size:
-                    sent.inc(size)
-            elif kind == "http.response.start":
-                requests.labels(route, str(message["status"])).inc()
-            await send(message)
-
-        return counting_send
+    def observe_relay(
+        self, path: str, status: int, request_bytes: int, response_bytes: int
+    ) -> None:
+        """One relayed request, as it ends: its status and the body bytes both ways."""
+        route = route_label(path, self.prefix)
+        self.requests.labels(route, str(status)).inc()
+        if request_bytes:
+            self.bytes.labels(route, "request").inc(request_bytes)
+        if response_bytes:
+            self.bytes.labels(route, "response").inc(response_bytes)

@@ -1,28 +1,35 @@
-"""The HTTP relay: one request to a child, its response streamed back chunk by chunk.
+"""The byte relay: one request to a child, its answer written back as it comes.
 
-Works on plain ASGI (scope and send) and a pooled keep-alive connection per child,
-so the hot path does not depend on the web framework (DESIGN "The hot path").
-Header rules follow llama.cpp's ``server_http_proxy`` (spec §3.6).
+The request goes out in one write on a pooled keep-alive connection. The answer's
+head is rewritten (spec §3.6: the child's Server, framing, hop-by-hop and CORS
+fields dropped, ours added, ``X-Accel-Buffering: no``); then every read from the
+child is one write to the client: a chunked body passes through with its framing
+untouched, any other body is framed as one chunk per read. A slow client slows the
+reads from the child (one write awaited per read) and a slow child the client.
+
+The client side is anything shaped like `Client` (the HTTP server's exchange), so
+this module stays pure transport.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import trio
 
-from troupe.http.asgi import Scope, Send, send_response
 from troupe.http.errors import JSON_TYPE, dumps
-from troupe.proxy.pool import UpstreamPool
-from troupe.proxy.upstream import Child, UpstreamError, UpstreamResponse
+from troupe.proxy.upstream import Child, UpstreamError, UpstreamPool, UpstreamResponse
 
-__all__ = ["ChildLost", "Relay"]
+__all__ = ["ChildLost", "Client", "Relay", "request_headers", "response_fields"]
 
 log = logging.getLogger("troupe.proxy")
 
 CHILD_HOST = "127.0.0.1"
-# Hop-by-hop headers stay out too: connections to children are pooled and kept alive.
+# Hop-by-hop fields stay out too: connections to children are pooled and kept alive;
+# the body is sent whole, so no Expect either.
 _DROP_REQUEST = frozenset(
     {
         b"accept-encoding",
@@ -31,28 +38,77 @@ _DROP_REQUEST = frozenset(
         b"host",
         b"connection",
         b"keep-alive",
+        b"expect",
+        b"te",
+        b"upgrade",
     }
 )
 # X-Accel-Buffering: the child sends its own on streams; ours goes on every response.
 _DROP_RESPONSE = frozenset(
     {
-        "server",
-        "transfer-encoding",
-        "content-length",
-        "keep-alive",
-        "connection",
-        "x-accel-buffering",
+        b"server",
+        b"transfer-encoding",
+        b"content-length",
+        b"keep-alive",
+        b"connection",
+        b"x-accel-buffering",
+        b"content-type",
     }
 )
-CLOSE_GRACE = 2.0  # seconds to close an upstream response when the client went away
-Observe = Callable[[Scope, Send, int], Send]  # wraps one response's send (troupe.ops.metrics)
+_JSON_TYPE = JSON_TYPE.encode()
+CLOSE_GRACE = 2.0  # seconds to close an upstream answer when the client went away
+FINISH_CHUNK = 0.5  # at a hard stop, how long to wait for the rest of a chunk
+_BUMP = 1.0  # the read deadline moves at most once a second (cheaper than per read)
+# One call per relayed request as it ends: (route path, status, request body
+# bytes, response body bytes relayed) (troupe.ops.metrics.RouterMetrics.observe_relay).
+Observe = Callable[[str, int, int, int], None]
 
 
-def request_headers(scope: Scope, port: int) -> list[tuple[bytes, bytes]]:
+class Client(Protocol):
+    """The client's side of one exchange (`troupe.http.server.exchange.Exchange`)."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def headers(self) -> list[tuple[bytes, bytes]]: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def framing(self) -> bool: ...
+
+    @property
+    def started(self) -> bool: ...
+
+    @property
+    def server_stopping(self) -> bool: ...
+
+    @property
+    def target(self) -> bytes: ...
+
+    def head(self, status: int, fields: bytes, *, length: int | None) -> bytes: ...
+
+    def chunk(self, data: bytes) -> bytes: ...
+
+    @property
+    def last_chunk(self) -> bytes: ...
+
+    async def send(self, data: bytes) -> None: ...
+
+    async def respond(self, status: int, body: bytes, content_type: str | bytes = ...) -> None: ...
+
+
+class ChildLost(Exception):
+    """The child's connection broke after the response had started."""
+
+
+def request_headers(headers: Sequence[tuple[bytes, bytes]], port: int) -> list[tuple[bytes, bytes]]:
     """The client's headers for the child: de-duplicated by name, Host rewritten."""
     seen: set[bytes] = set()
     out = [(b"host", f"{CHILD_HOST}:{port}".encode())]
-    for key, value in scope["headers"]:
+    for key, value in headers:
         if key in _DROP_REQUEST or key in seen:
             continue
         seen.add(key)
@@ -60,20 +116,39 @@ def request_headers(scope: Scope, port: int) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def response_headers(upstream: UpstreamResponse) -> list[tuple[bytes, bytes]]:
-    content_type = JSON_TYPE
-    out: list[tuple[bytes, bytes]] = []
+def _request_bytes(
+    method: str, target: bytes, headers: Sequence[tuple[bytes, bytes]], port: int, body: bytes
+) -> bytes:
+    parts = [method.encode(), b" ", target, b" HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n" % port]
+    seen: set[bytes] = set()
+    for key, value in headers:
+        if key in _DROP_REQUEST or key in seen:
+            continue
+        seen.add(key)
+        parts += (key, b": ", value, b"\r\n")
+    parts.append(b"content-length: %d\r\n\r\n" % len(body))
+    parts.append(body)
+    return b"".join(parts)
+
+
+def response_fields(upstream: UpstreamResponse) -> bytes:
+    """The child's header lines as the client gets them (§3.6)."""
+    content_type = _JSON_TYPE
+    out = []
     for key, value in upstream.headers:
-        lowered = key.decode("latin-1").lower()
-        if lowered in _DROP_RESPONSE or lowered.startswith("access-control-"):
+        lowered = key.lower()
+        if lowered in _DROP_RESPONSE or lowered.startswith(b"access-control-"):
+            if lowered == b"content-type":
+                content_type = value
             continue
-        if lowered == "content-type":
-            content_type = value.decode("latin-1")
-            continue
-        out.append((key, value))
-    out.append((b"content-type", content_type.encode("latin-1")))
-    out.append((b"x-accel-buffering", b"no"))  # streamed responses must not be buffered by nginx
-    return out
+        out.append(b"%b: %b\r\n" % (key, value))
+    out.append(b"Content-Type: %b\r\nX-Accel-Buffering: no\r\n" % content_type)
+    return b"".join(out)
+
+
+def _error_event(message: str, code: int = 500, type_: str = "server_error") -> bytes:
+    error = {"error": {"code": code, "message": message, "type": type_}}
+    return b"data: " + dumps(error) + b"\n\n"
 
 
 class Relay:
@@ -83,7 +158,7 @@ class Relay:
         # upstream: connect and read time out after --timeout (3600 s by default); a
         # long prefill sends nothing for a while, so reads get the whole of it.
         self._pool = UpstreamPool(CHILD_HOST, connect_timeout=timeout, read_timeout=timeout)
-        self._observe: Observe = observe or (lambda scope, send, body_bytes: send)
+        self._observer = observe
 
     async def aclose(self) -> None:
         await self._pool.aclose()
@@ -107,13 +182,14 @@ class Relay:
         return self._pool.idle_count
 
     async def fetch(
-        self, scope: Scope, child: Child, method: str, target: str, body: bytes
+        self, scope: Mapping[str, Any], child: Child, method: str, target: str, body: bytes
     ) -> tuple[int, bytes] | None:
         """A small whole answer from ``child``, or None when it cannot answer. Bound it
-        with a cancel scope (stream lookups and deletes get 250 ms, §10)."""
+        with a cancel scope (stream lookups and deletes get 250 ms, §10). ``scope``
+        gives the request headers (``scope["headers"]``)."""
         try:
             upstream = await self._pool.request(
-                child, method, target, request_headers(scope, child.port), body
+                child, method, target, request_headers(scope["headers"], child.port), body
             )
             try:
                 data = b"".join([chunk async for chunk in upstream.chunks()])
@@ -125,74 +201,141 @@ class Relay:
             return None
         return upstream.status_code, data
 
+    def _observe(self, client: Client, status: int, sent: int, relayed: int) -> None:
+        """Called once per relayed request, when it ends (whatever the outcome): the
+        proxied-request metrics (route, status, bytes relayed both ways)."""
+        if self._observer is not None:
+            self._observer(client.path, status, sent, relayed)
+
     async def relay(
         self,
-        scope: Scope,
-        send: Send,
+        client: Client,
         *,
         child: Child,
         body: bytes,
         method: str | None = None,
-        path: str | None = None,
+        target: str | None = None,
         detached: bool = False,
         crash_detail: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
-        """Send the request to ``child`` and stream its answer to ``send``.
+        """Send the request to ``child`` and stream its answer to ``client``.
 
+        ``target``: the path and query for the child (default: the client's, as sent).
         ``detached``: the request is guaranteed to reach the child even if the client
         disconnects while the child has not answered yet (conversation requests, §6.6).
         ``crash_detail``: why the child died (its last log lines), asked for when the
         connection breaks, so the client learns more than "connection lost".
         """
-        send = self._observe(scope, send, len(body))  # metrics: status and bytes relayed
-        target = path or scope.get("raw_path", b"").decode("latin-1") or scope["path"]
-        if scope.get("query_string") and "?" not in target:
-            target += "?" + scope["query_string"].decode("latin-1")
+        wire = _request_bytes(
+            method or client.method,
+            client.target if target is None else target.encode("latin-1"),
+            client.headers,
+            child.port,
+            body,
+        )
+        status, relayed = 500, 0
         try:
-            with trio.CancelScope(shield=detached):
-                upstream = await self._pool.request(
-                    child,
-                    method or scope["method"],
-                    target,
-                    request_headers(scope, child.port),
-                    body,
-                )
-        except UpstreamError as exc:
-            log.warning("proxy error for %s %s: %s", child.model, target, exc)
-            text = f"proxy error: {exc}"
-            detail = await crash_detail() if crash_detail is not None else None
-            if detail:
-                text += f" ({detail})"
-            await send_response(send, 500, text.encode(), "text/plain")
-            return
-        streaming = (upstream.header(b"content-type") or "").startswith("text/event-stream")
+            try:
+                if detached:
+                    with trio.CancelScope(shield=True):
+                        upstream = await self._pool.send(child, wire)
+                else:
+                    upstream = await self._pool.send(child, wire)
+            except UpstreamError as exc:
+                log.warning("proxy error for %s %s: %s", child.model, client.path, exc)
+                text = f"proxy error: {exc}"
+                detail = await crash_detail() if crash_detail is not None else None
+                if detail:
+                    text += f" ({detail})"
+                await client.respond(500, text.encode(), "text/plain")
+                return
+            status = upstream.status_code
+            try:
+                relayed = await self._stream(client, upstream, crash_detail)
+            finally:
+                # Closing an unfinished answer tells the child the client is gone, so
+                # it stops generating; a finished one returns its connection to the pool.
+                upstream.close()
+        finally:
+            self._observe(client, status, len(body), relayed)
+
+    async def _stream(
+        self,
+        client: Client,
+        upstream: UpstreamResponse,
+        crash_detail: Callable[[], Awaitable[str | None]] | None,
+    ) -> int:
+        """Head, then body bytes as they come; returns the body bytes relayed."""
+        content_type = upstream.header(b"content-type") or ""
+        sse = content_type.startswith("text/event-stream")
+        head = client.head(upstream.status_code, response_fields(upstream), length=None)
+        if upstream.chunked and not client.framing:
+            return await self._stream_decoded(client, upstream, head)
+        passthrough = upstream.chunked  # the child's framing is the client's
+        relayed = 0
+        timeout = upstream.read_timeout
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": upstream.status_code,
-                    "headers": response_headers(upstream),
-                }
-            )
-            async for chunk in upstream.chunks():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            bumped = trio.current_time()
+            with trio.CancelScope(deadline=bumped + (timeout or math.inf)) as reads:
+                data = upstream.take_first()
+                if not data and not passthrough and not upstream.complete:
+                    # A whole answer whose body came apart from its head: wait for it,
+                    # so both go out in one write. A stream's head goes out at once.
+                    data = await upstream.receive_raw()
+                out = head + (data if passthrough else client.chunk(data))
+                while True:
+                    if upstream.complete and not passthrough:
+                        out += client.last_chunk
+                    await client.send(out)
+                    relayed += len(data)
+                    if upstream.complete:
+                        return relayed
+                    data = await upstream.receive_raw()
+                    out = data if passthrough else client.chunk(data)
+                    if timeout is not None:
+                        now = trio.current_time()
+                        if now - bumped > _BUMP:
+                            reads.deadline = now + timeout
+                            bumped = now
+            raise UpstreamError("Read timeout")
         except UpstreamError as exc:
-            log.warning("child connection lost during %s: %s", target, exc)
-            if not streaming:
-                raise ChildLost(str(exc)) from exc  # a truncated JSON body must look truncated
+            log.warning("child connection lost during %s: %s", client.path, exc)
+            if not sse or upstream.mid_chunk:
+                raise ChildLost(str(exc)) from exc  # a truncated body must look truncated
             # An SSE client gets a final error event, as llama-server sends for a failed stream.
             detail = await crash_detail() if crash_detail is not None else None
             message = "the model's server closed the connection" + (f": {detail}" if detail else "")
-            error = {"error": {"code": 500, "message": message, "type": "server_error"}}
-            event = b"data: " + dumps(error) + b"\n\n"
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-        finally:
-            # Closing an unfinished answer tells the child the client is gone, so it stops
-            # generating; a finished one returns its connection to the pool.
-            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
-                await upstream.aclose()
-        await send({"type": "http.response.body", "body": b""})
+            await client.send(client.chunk(_error_event(message)) + client.last_chunk)
+            return relayed
+        except trio.Cancelled:
+            if sse and client.server_stopping:
+                await self._last_word(client, upstream, passthrough)
+            raise
 
+    async def _last_word(
+        self, client: Client, upstream: UpstreamResponse, passthrough: bool
+    ) -> None:
+        """The router stops: end an SSE stream at a chunk boundary with a final event."""
+        with trio.CancelScope(shield=True), trio.move_on_after(FINISH_CHUNK + CLOSE_GRACE):
+            try:
+                with trio.move_on_after(FINISH_CHUNK):
+                    while passthrough and upstream.mid_chunk and not upstream.complete:
+                        await client.send(await upstream.receive_raw())
+                if passthrough and upstream.mid_chunk:
+                    return  # no boundary reached: the stream is cut, as it must be
+                event = _error_event("the router is shutting down", 503, "unavailable_error")
+                await client.send(client.chunk(event) + client.last_chunk)
+            except (UpstreamError, Exception):  # the client may be gone too
+                return
 
-class ChildLost(Exception):
-    """The child's connection broke after the response had started."""
+    async def _stream_decoded(self, client: Client, upstream: UpstreamResponse, head: bytes) -> int:
+        """A chunked answer for a client that cannot take chunks (HTTP/1.0)."""
+        relayed = 0
+        await client.send(head)
+        try:
+            async for piece in upstream.chunks():
+                await client.send(piece)
+                relayed += len(piece)
+        except UpstreamError as exc:
+            raise ChildLost(str(exc)) from exc
+        return relayed

@@ -1,27 +1,46 @@
-"""One HTTP/1.1 exchange with a child, h11 on a Trio socket: the connection and the
-answer read from it. The pool that owns the connections is in pool.py.
+"""A small pooled HTTP/1.1 client for talking to children: llhttp (httptools) on Trio sockets.
+
+The relay's hot path. Each child keeps a stack of idle keep-alive connections (the
+most recently used first, no scanning); a request goes out in one write; the answer
+is read as `troupe.proxy.answer` says.
+
+Connections are pooled per child, keyed by (model, generation), never by port: a
+port is reused by the next child, and a connection to a child that is gone must
+never be handed out again. The scheduler calls `UpstreamPool.forget` when it stops a
+child and when a child exits: its idle connections close at once (60 swaps used to
+leave hundreds of descriptors open; an idle one also holds llama-server's exit about
+110 ms), and those still in use close when they finish.
+
+Each child gets at most `set_limit` connections, idle ones included; a request
+beyond waits here, first come first served, for one to come back. llama-server
+binds a worker thread to each keep-alive connection, and a connection it cannot
+give a worker waits out another's 5 s keep-alive timeout (child/http_threads.py).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Protocol
+import os
+import socket
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
-import h11
 import trio
 
-if TYPE_CHECKING:
-    from troupe.proxy.pool import UpstreamPool
+from troupe.proxy.answer import ChildConnection, Stale, UpstreamError, UpstreamResponse
 
-__all__ = ["Child", "ChildRef", "Connection", "Key", "UpstreamError", "UpstreamResponse"]
+__all__ = [
+    "DEFAULT_LIMIT",
+    "Child",
+    "ChildRef",
+    "UpstreamError",
+    "UpstreamPool",
+    "UpstreamResponse",
+    "render_request",
+]
 
-READ_SIZE = 65536
-
-
-class UpstreamError(Exception):
-    """The child could not be reached, or broke the connection."""
+DEFAULT_LIMIT = 7  # llama-server's own default: max(4 + 4, cpus - 1) workers, less a spare
 
 
 class Child(Protocol):
@@ -44,89 +63,233 @@ class ChildRef:
     port: int
 
 
-Key = tuple[str, int]  # (model, generation)
+_Key = tuple[str, int]  # (model, generation)
 
 
-class Connection:
-    def __init__(self, stream: trio.SocketStream, read_timeout: float | None) -> None:
-        self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
-        self.read_timeout = read_timeout  # longest silence from the child (--timeout)
-        self.used = False  # carried a request already (a pooled one may have gone stale)
+def render_request(
+    method: str, target: str, headers: Sequence[tuple[bytes, bytes]], body: bytes
+) -> bytes:
+    """One HTTP/1.1 request, head and body, ready for a single write."""
+    parts = [f"{method} {target} HTTP/1.1\r\n".encode("latin-1")]
+    for key, value in headers:
+        parts += (key, b": ", value, b"\r\n")
+    parts.append(b"content-length: %d\r\n\r\n" % len(body))
+    parts.append(body)
+    return b"".join(parts)
 
-    async def next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
-        while True:
-            event = self.h11.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            with trio.move_on_after(self.read_timeout or math.inf) as scope:
-                data = await self.stream.receive_some(READ_SIZE)
-            if scope.cancelled_caught:
-                raise UpstreamError("Read timeout")
-            self.h11.receive_data(data)  # b"" marks end of stream
+
+@attrs.define(eq=False)
+class _Waiter:
+    event: trio.Event = attrs.field(factory=trio.Event)
+    conn: ChildConnection | None = None  # an idle connection handed over
+    may_open: bool = False  # a slot handed over: open a new connection in it
+
+
+@attrs.define
+class _Child:
+    limit: int = DEFAULT_LIMIT
+    open: int = 0  # connections open to it, idle or in use
+    idle: list[ChildConnection] = attrs.field(factory=list)
+    waiting: deque[_Waiter] = attrs.field(factory=deque)
+
+
+class UpstreamPool:
+    """Keep-alive connections to ``127.0.0.1:<port>`` of each child, per (model, gen)."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        connect_timeout: float = 10.0,
+        read_timeout: float | None = None,
+    ) -> None:
+        self.host = host
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._children: dict[_Key, _Child] = {}
+        self._gone: dict[str, int] = {}  # model -> newest generation known to be gone
+        self._closed = False
+
+    # ----- bookkeeping (the scheduler's side) ---------------------------------------------
 
     @property
-    def reusable(self) -> bool:
-        return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+    def idle_count(self) -> int:
+        """Idle pooled connections, all children together (tests, metrics)."""
+        return sum(len(c.idle) for c in self._children.values())
 
+    @property
+    def open_count(self) -> int:
+        """Open connections, idle or in use, all children together."""
+        return sum(c.open for c in self._children.values())
 
-class UpstreamResponse:
-    """Status and headers of a child's answer; the body is read with `chunks`."""
+    def set_limit(self, model: str, gen: int, limit: int) -> None:
+        """The child ``(model, gen)`` serves ``limit`` connections at once."""
+        if not self._is_gone((model, gen)):
+            state = self._children.setdefault((model, gen), _Child())
+            state.limit = max(1, limit)
+            self._wake(state)
 
-    def __init__(self, pool: UpstreamPool, key: Key, conn: Connection, head: h11.Response) -> None:
-        self._pool = pool
-        self._key = key
-        self._conn: Connection | None = conn
-        self.status_code = head.status_code
-        self.headers: list[tuple[bytes, bytes]] = list(head.headers)
+    def forget(self, model: str, gen: int) -> None:
+        """The child ``(model, gen)`` (and every older one of ``model``) is stopping or
+        gone: close its idle connections now; those in use close when they finish;
+        requests waiting for one fail."""
+        if gen > self._gone.get(model, -1):
+            self._gone[model] = gen
+        for key in [k for k in self._children if k[0] == model and k[1] <= gen]:
+            state = self._children[key]
+            for conn in state.idle:
+                conn.close_now()
+            state.open -= len(state.idle)
+            state.idle.clear()
+            while state.waiting:
+                state.waiting.popleft().event.set()  # they find it gone
+            if state.open <= 0:
+                del self._children[key]
 
-    def header(self, name: bytes) -> str | None:
-        for key, value in self.headers:
-            if key == name:
-                return value.decode("latin-1")
-        return None
+    def _is_gone(self, key: _Key) -> bool:
+        return self._closed or key[1] <= self._gone.get(key[0], -1)
 
-    def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives. Not an async generator (none is left for the garbage
-        collector when a client disconnects midway)."""
-        return _Chunks(self)
+    # ----- connections --------------------------------------------------------------------
+
+    async def _checkout(self, key: _Key, port: int) -> ChildConnection:
+        """An idle connection, a new one within the limit, or the next one given back."""
+        while True:
+            if self._is_gone(key):
+                raise UpstreamError("the model's server has exited")
+            state = self._children.setdefault(key, _Child())
+            if not state.waiting:  # nobody ahead in line
+                if state.idle:
+                    return state.idle.pop()
+                if state.open < state.limit:
+                    state.open += 1
+                    return await self._open_counted(key, state, port)
+            waiter = _Waiter()
+            state.waiting.append(waiter)
+            try:
+                await waiter.event.wait()
+            except BaseException:
+                self._leave_line(key, state, waiter)
+                raise
+            if waiter.conn is not None:
+                return waiter.conn
+            if waiter.may_open:
+                return await self._open_counted(key, state, port)
+            # woken with nothing: the child is gone (checked at the top)
+
+    def _leave_line(self, key: _Key, state: _Child, waiter: _Waiter) -> None:
+        """A waiter cancelled: whatever was handed to it goes to the next in line."""
+        if waiter in state.waiting:
+            state.waiting.remove(waiter)
+        elif waiter.conn is not None:
+            self._checkin(key, waiter.conn, reusable=True)
+        elif waiter.may_open:
+            state.open -= 1
+            self._wake(state)
+
+    async def _open_counted(self, key: _Key, state: _Child, port: int) -> ChildConnection:
+        """Connect, in a slot already counted in ``state.open``."""
+        try:
+            return await self._connect(port)
+        except BaseException:
+            state.open -= 1
+            self._wake(state)
+            if state.open <= 0 and self._is_gone(key):
+                self._children.pop(key, None)
+            raise
+
+    def _checkin(self, key: _Key, conn: ChildConnection, reusable: bool) -> None:
+        """An answer is over: its connection goes to the next in line, back to the pool,
+        or is closed (a child that is gone, an answer cut short)."""
+        state = self._children.get(key)
+        if state is None or not reusable or self._is_gone(key):
+            conn.close_now()
+            if state is not None:
+                state.open -= 1
+                self._wake(state)
+                if state.open <= 0 and self._is_gone(key):
+                    del self._children[key]
+            return
+        if state.waiting:
+            waiter = state.waiting.popleft()
+            waiter.conn = conn
+            waiter.event.set()
+        else:
+            state.idle.append(conn)
+
+    def _wake(self, state: _Child) -> None:
+        """A slot is free: the first in line may open a connection in it."""
+        if state.waiting and state.open < state.limit:
+            waiter = state.waiting.popleft()
+            waiter.may_open = True
+            state.open += 1
+            waiter.event.set()
+
+    async def _connect(self, port: int) -> ChildConnection:
+        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        raw.setblocking(False)
+        sock = trio.socket.from_stdlib_socket(raw)
+        try:
+            with trio.fail_after(self.connect_timeout):
+                await sock.connect((self.host, port))
+        except trio.TooSlowError:
+            sock.close()
+            raise UpstreamError("Connection timeout") from None
+        except OSError as exc:
+            sock.close()
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise UpstreamError(f"Could not establish connection ({reason})") from None
+        except BaseException:
+            sock.close()
+            raise
+        return ChildConnection(trio.SocketStream(sock), raw, self.read_timeout)  # TCP_NODELAY set
+
+    async def request(
+        self,
+        child: Child,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+    ) -> UpstreamResponse:
+        """Send one request and wait for the answer's status and headers (``headers``
+        without Content-Length: it is computed)."""
+        return await self.send(child, render_request(method, target, headers, body))
+
+    async def send(self, child: Child, wire: bytes) -> UpstreamResponse:
+        """`request` with the request already rendered (`render_request`).
+
+        A pooled connection the child has closed in the meantime (llama-server closes
+        some after a stream although it said keep-alive) fails before any answer; the
+        request then goes once more, until a new connection fails too.
+        """
+        key = (child.model, child.gen)
+        while True:  # each stale pooled connection is closed, so this ends
+            conn = await self._checkout(key, child.port)
+            fresh = not conn.used
+            try:
+                return await self._exchange(key, conn, wire)
+            except Stale as exc:
+                if fresh:
+                    raise UpstreamError(str(exc)) from None
+
+    async def _exchange(self, key: _Key, conn: ChildConnection, wire: bytes) -> UpstreamResponse:
+        conn.used = True
+        try:
+            try:
+                await conn.stream.send_all(wire)
+            except (trio.BrokenResourceError, OSError) as exc:
+                raise Stale(f"connection to the child failed: {exc}") from None
+            first = await conn.read_head()
+            return UpstreamResponse(conn, first, lambda done, ok: self._checkin(key, done, ok))
+        except BaseException:
+            self._checkin(key, conn, reusable=False)
+            raise
 
     async def aclose(self) -> None:
-        """Done with this answer: a fully read keep-alive connection goes back to the
-        pool; anything else is closed, which tells the child to stop."""
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        self._pool.checkin(self._key, conn, reusable=conn.reusable)
-
-    async def _next(self) -> bytes | None:
-        conn = self._conn
-        if conn is None:
-            return None
-        try:
-            event = await conn.next_event()
-        except (h11.RemoteProtocolError, trio.BrokenResourceError, OSError) as exc:
-            raise UpstreamError(f"connection to the child broke: {exc}") from exc
-        if isinstance(event, h11.Data):
-            return bytes(event.data)
-        if isinstance(event, h11.EndOfMessage):
-            return None
-        if isinstance(event, h11.ConnectionClosed):
-            raise UpstreamError("the child closed the connection mid-response")
-        return b""  # nothing for the body (an informational event); keep reading
-
-
-class _Chunks:
-    def __init__(self, response: UpstreamResponse) -> None:
-        self._response = response
-
-    def __aiter__(self) -> _Chunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        while True:
-            chunk = await self._response._next()
-            if chunk is None:
-                raise StopAsyncIteration
-            if chunk:
-                return chunk
+        self._closed = True
+        children, self._children = self._children, {}
+        for state in children.values():
+            for conn in state.idle:
+                conn.close_now()
+            while state.waiting:
+                state.waiting.popleft().event.set()
+        await trio.lowlevel.checkpoint()

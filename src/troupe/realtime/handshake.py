@@ -124,9 +124,7 @@ async def serve_realtime(ctx: RouterContext, request: WebSocketRequest) -> None:
         body = failure_body(Failure.bad_request(f"unknown intent '{intent}'"))
         await _reject(request, 400, body)
         return
-    autoload = autoload_flag(
-        {"query_string": query.encode("latin-1")}, ctx.settings.models_autoload
-    )
+    autoload = autoload_flag(params, ctx.settings.models_autoload)
     checked = validate_model(ctx, params.get("model", ""), autoload)
     if isinstance(checked, Failure):
         await _reject(request, checked.status, failure_body(checked), retry_after(checked))

@@ -9,8 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from troupe.proxy.pool import UpstreamPool
-from troupe.proxy.upstream import ChildRef, UpstreamError
+from troupe.proxy.upstream import ChildRef, UpstreamError, UpstreamPool
 
 Handler = Callable[[trio.SocketStream, int], Awaitable[None]]
 

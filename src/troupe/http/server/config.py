@@ -1,0 +1,23 @@
+"""What the HTTP server is told: limits and timeouts (seconds, bytes)."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["ServerConfig"]
+
+
+@attrs.frozen
+class ServerConfig:
+    max_body: int = 128 << 20  # --max-body-mib: a larger request body gets 413
+    # Between requests on a keep-alive connection (httplib's default is 5 s too).
+    keep_alive_timeout: float = 5.0
+    # From a request's first byte to the end of its head, and for a TLS handshake: a
+    # client trickling its head (slowloris) is answered 408 and dropped.
+    head_timeout: float = 10.0
+    # The longest silence while a body arrives (--timeout, upstream's read timeout).
+    read_timeout: float = 3600.0
+    ws_max_message: int = 16 << 20  # --ws-max-message-mib
+    # Pipelined bytes read ahead while a response is written (the rest waits in the
+    # socket, which is backpressure on the client).
+    max_read_ahead: int = 1 << 20

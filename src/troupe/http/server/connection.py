@@ -1,0 +1,282 @@
+"""One client connection: requests read in order, each answered before the next.
+
+Keep-alive and pipelining: requests that arrive together are parsed together and
+answered in order; while one is answered, a watcher reads ahead (bounded) so a
+client that goes away is noticed at once. Timeouts: a keep-alive connection may sit
+idle ``keep_alive_timeout``; a request's head must be complete ``head_timeout``
+after its first byte (slowloris gets 408); a body may pause ``read_timeout``.
+Anything that cannot be parsed gets an upstream-shaped JSON error and the close.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from contextlib import suppress
+from typing import TYPE_CHECKING, Protocol
+
+import trio
+
+from troupe.http.errors import dumps
+from troupe.http.server.exchange import ClientGone, Exchange, status_line
+from troupe.http.server.parse import BadRequest, Request, RequestParser
+
+if TYPE_CHECKING:
+    from troupe.http.server.lifecycle import HttpServer
+
+__all__ = ["Connection", "Handler"]
+
+log = logging.getLogger("troupe.http")
+
+READ_SIZE = 65536
+LINGER = 1.0  # seconds to drain what a refused client still sends, so it reads our answer
+LINGER_BYTES = 16 << 20
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class Handler(Protocol):
+    def base_head(self, request: Request) -> bytes:
+        """Header lines for every response to ``request`` (Server, CORS)."""
+        ...
+
+    async def serve(self, exchange: Exchange) -> None: ...
+
+    async def upgrade(self, exchange: Exchange, stream: trio.abc.Stream, rest: bytes) -> None:
+        """A WebSocket upgrade: ``stream`` from here on, ``rest`` already read past the
+        request's head."""
+        ...
+
+
+def error_bytes(status: int, message: str, base: bytes = b"Server: llama.cpp\r\n") -> bytes:
+    """A whole JSON error response (upstream's shape) that closes the connection."""
+    body = dumps({"error": {"code": status, "message": message, "type": "invalid_request_error"}})
+    return b"".join(
+        (
+            status_line(status),
+            b"Content-Type: application/json; charset=utf-8\r\n",
+            base,
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body),
+            body,
+        )
+    )
+
+
+def _with_raw_socket(stream: trio.SocketStream) -> tuple[trio.SocketStream, socket.socket]:
+    """The same connection, with the stdlib socket under it kept at hand (trio does
+    not expose it) for writes that need no pass through the scheduler."""
+    sock = stream.socket
+    raw = socket.socket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    raw.setblocking(False)
+    return trio.SocketStream(trio.socket.from_stdlib_socket(raw)), raw
+
+
+class Connection:
+    def __init__(self, server: HttpServer, stream: trio.abc.Stream) -> None:
+        self.server = server
+        self.raw: socket.socket | None = None  # the plain socket under a SocketStream
+        if isinstance(stream, trio.SocketStream):
+            stream, self.raw = _with_raw_socket(stream)
+        self.stream = stream
+        self.parser = RequestParser(server.config.max_body)
+        self.read_ahead: list[bytes] = []  # bytes received, not yet parsed
+        self.read_ahead_size = 0
+        self.eof = False
+        self.drained = False  # the last read took all the socket had
+        self.broken = False
+        self.idle_scope: trio.CancelScope | None = None  # set while between requests
+        self.request_scope: trio.CancelScope | None = None  # set while a request runs
+
+    async def run(self) -> None:
+        try:
+            await self._loop()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ClientGone, OSError):
+            pass  # the client went away; nothing to answer
+        finally:
+            await trio.aclose_forcefully(self.stream)
+
+    def cancel_idle(self) -> None:
+        if self.idle_scope is not None:
+            self.idle_scope.cancel()
+
+    def cancel_request(self) -> None:
+        if self.request_scope is not None:
+            self.request_scope.cancel()
+
+    async def _loop(self) -> None:
+        server = self.server
+        if isinstance(self.stream, trio.SSLStream):
+            with trio.move_on_after(server.config.head_timeout) as handshake:
+                await self.stream.do_handshake()
+            if handshake.cancelled_caught:
+                return
+        while True:
+            request = await self._next_request()
+            if request is None:
+                return
+            rest = self.parser.upgraded_rest
+            if request.upgrade and rest is not None:
+                await self._upgrade(request, rest)
+                return
+            if not await self._serve(request) or server.draining:
+                return
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def _receive(self) -> bytes:
+        if self.read_ahead:
+            data = b"".join(self.read_ahead)
+            self.read_ahead.clear()
+            self.read_ahead_size = 0
+            return data
+        if self.eof:
+            return b""
+        raw = self.raw
+        data = b""
+        if self.drained and raw is not None:
+            # The last read took all there was (a client waiting for its answer sends
+            # nothing more): wait until readable, then read at once, rather than a read
+            # that fails first and a second pass through the scheduler.
+            await trio.lowlevel.wait_readable(raw)
+            try:
+                data = raw.recv(READ_SIZE)
+            except BlockingIOError:
+                data = bytes(await self.stream.receive_some(READ_SIZE))
+        else:
+            data = bytes(await self.stream.receive_some(READ_SIZE))
+        self.drained = len(data) < READ_SIZE
+        return data
+
+    async def _next_request(self) -> Request | None:
+        parser = self.parser
+        config = self.server.config
+        head_deadline: float | None = None
+        continued = False
+        while True:
+            if parser.ready:
+                return parser.ready.popleft()
+            current = parser.current
+            if current is not None and parser.head_done:
+                head_deadline = None
+                if current.too_large:
+                    limit = config.max_body
+                    msg = f"request body is larger than the limit of {limit} bytes"
+                    await self._refuse(413, msg, self.server.handler.base_head(current))
+                    return None
+                if current.expect_continue and not continued:
+                    continued = True
+                    await self.stream.send_all(_CONTINUE)
+            elif current is not None and head_deadline is None:
+                head_deadline = trio.current_time() + config.head_timeout
+            if current is None and not self.read_ahead:
+                # Between requests: the drain may close an idle connection right here.
+                if self.eof or self.server.draining:
+                    return None
+                # (deadline given to the constructor: setting it later costs more)
+                with trio.CancelScope(
+                    deadline=trio.current_time() + config.keep_alive_timeout
+                ) as idle:
+                    self.idle_scope = idle
+                    data = await self._receive()
+                self.idle_scope = None
+                if idle.cancelled_caught or not data:
+                    return None
+            else:
+                if head_deadline is not None:
+                    deadline = head_deadline
+                else:
+                    deadline = trio.current_time() + config.read_timeout
+                with trio.move_on_at(deadline) as waited:
+                    data = await self._receive()
+                if waited.cancelled_caught:
+                    await self._refuse(408, "timed out reading the request")
+                    return None
+                if not data:
+                    return None  # the client closed mid-request
+            try:
+                parser.feed(data)
+            except BadRequest as exc:
+                await self._refuse(exc.status, exc.message)
+                return None
+
+    async def wait_for_eof(self) -> bool:
+        """Read ahead while a response is written; True once the client closed (or
+        broke) the connection. Stops reading past ``max_read_ahead`` (backpressure)."""
+        limit = self.server.config.max_read_ahead
+        try:
+            while self.read_ahead_size < limit:
+                data = await self.stream.receive_some(READ_SIZE)
+                if not data:
+                    self.eof = True
+                    return True
+                self.read_ahead.append(bytes(data))
+                self.read_ahead_size += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            self.eof = self.broken = True
+            return True
+        await trio.sleep_forever()
+        raise AssertionError
+
+    async def _refuse(self, status: int, message: str, base: bytes | None = None) -> None:
+        """Answer an unacceptable request and close, draining what the client still
+        sends for a moment (closing on unread bytes would reset the connection and
+        lose the answer)."""
+        log.info("refused a request: %d %s", status, message)
+        data = error_bytes(status, message) if base is None else error_bytes(status, message, base)
+        with trio.move_on_after(self.server.config.head_timeout):
+            await self.stream.send_all(data)
+        if isinstance(self.stream, trio.SocketStream) and not self.eof:
+            with trio.move_on_after(LINGER):
+                await self.stream.send_eof()
+                drained = 0
+                while drained < LINGER_BYTES:
+                    chunk = await self.stream.receive_some(READ_SIZE)
+                    if not chunk:
+                        break
+                    drained += len(chunk)
+
+    # -- answering ---------------------------------------------------------------------
+
+    async def _serve(self, request: Request) -> bool:
+        """Run the handler for ``request``; True if the connection may carry another."""
+        server = self.server
+        exchange = Exchange(self, request, server.handler.base_head(request))
+        server.request_started()
+        try:
+            with trio.CancelScope() as scope:
+                self.request_scope = scope
+                if server.stopping:
+                    scope.cancel()
+                try:
+                    await server.handler.serve(exchange)
+                except ClientGone:
+                    pass
+                except Exception:
+                    log.exception("error answering %s %s", request.method, request.path)
+                    exchange.keep_alive = False
+                    if not exchange.started:
+                        await self._safe_respond(exchange, 500, "internal error")
+            self.request_scope = None
+            if not exchange.started and not self.broken and not self.eof:
+                # Cancelled by a hard stop before it could answer.
+                exchange.keep_alive = False
+                await self._safe_respond(exchange, 503, "the router is shutting down")
+        finally:
+            server.request_finished()
+        return exchange.keep_alive and not self.broken
+
+    async def _safe_respond(self, exchange: Exchange, status: int, message: str) -> None:
+        body = dumps({"error": {"code": status, "message": message, "type": "server_error"}})
+        with trio.CancelScope(shield=True), trio.move_on_after(1.0), suppress(ClientGone):
+            await exchange.respond(status, body)
+
+    async def _upgrade(self, request: Request, rest: bytes) -> None:
+        server = self.server
+        exchange = Exchange(self, request, server.handler.base_head(request))
+        server.request_started()
+        try:
+            with trio.CancelScope() as scope:
+                self.request_scope = scope
+                await server.handler.upgrade(exchange, self.stream, rest)
+            self.request_scope = None
+        finally:
+            server.request_finished()

@@ -1,0 +1,128 @@
+"""`HttpServer`: accepting connections, counting requests in flight, and the drain.
+
+The drain, in the order a graceful stop needs it (issue 10): `stop_accepting`
+closes the listening sockets; `close_idle` ends keep-alive connections that sit
+between requests; `wait_requests_done` returns (an event, no polling) once no
+request is in flight; `cancel_requests` is the hard stop at the deadline: every
+handler is cancelled, and relays end an open SSE stream with a final event rather
+than cutting it mid-chunk. `drain` runs the four under one deadline, then gives
+connections a moment to close and cancels whatever is left: the stop is bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import trio
+
+from troupe.http.server.config import ServerConfig
+from troupe.http.server.connection import Connection, Handler
+
+__all__ = ["HttpServer"]
+
+log = logging.getLogger("troupe.http")
+
+CLOSE_BOUND = 2.0  # seconds for connections to finish after the hard stop
+
+
+class HttpServer:
+    def __init__(self, handler: Handler, config: ServerConfig) -> None:
+        self.handler = handler
+        self.config = config
+        self.connections: set[Connection] = set()
+        self.urls: list[str] = []  # where it listens, once bound
+        self.in_flight = 0
+        self.draining = False  # no new connections; each closes after its request
+        self.stopping = False  # handlers are being cancelled
+        self._no_requests = trio.Event()
+        self._no_connections = trio.Event()
+        self._accept_scope: trio.CancelScope | None = None
+        self._all_scope = trio.CancelScope()
+
+    # -- serving ---------------------------------------------------------------------------
+
+    async def serve(
+        self,
+        listeners: Sequence[trio.abc.Listener[trio.abc.Stream]],
+        *,
+        task_status: trio.TaskStatus[list[trio.abc.Listener[trio.abc.Stream]]] = (
+            trio.TASK_STATUS_IGNORED
+        ),
+    ) -> None:
+        """Accept on ``listeners`` until the drain; returns when every connection ended."""
+        with self._all_scope:
+            async with trio.open_nursery() as connections:
+                with trio.CancelScope() as accepting:
+                    self._accept_scope = accepting
+                    if self.draining:
+                        accepting.cancel()
+                    await trio.serve_listeners(
+                        self._on_connection,
+                        list(listeners),
+                        handler_nursery=connections,
+                        task_status=task_status,
+                    )
+
+    async def _on_connection(self, stream: trio.abc.Stream) -> None:
+        if self.draining:
+            await trio.aclose_forcefully(stream)
+            return
+        conn = Connection(self, stream)
+        self.connections.add(conn)
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+            if not self.connections and self.draining:
+                self._no_connections.set()
+
+    def request_started(self) -> None:
+        self.in_flight += 1
+
+    def request_finished(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0 and self.draining:
+            self._no_requests.set()
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def stop_accepting(self) -> None:
+        """Close the listening sockets; connections already open go on."""
+        self.draining = True
+        if self.in_flight == 0:
+            self._no_requests.set()
+        if self._accept_scope is not None:
+            self._accept_scope.cancel()
+
+    def close_idle(self) -> None:
+        """End every keep-alive connection that sits between requests."""
+        for conn in list(self.connections):
+            conn.cancel_idle()
+
+    async def wait_requests_done(self) -> None:
+        """Until no request is in flight (after `stop_accepting`)."""
+        await self._no_requests.wait()
+
+    def cancel_requests(self) -> None:
+        """The hard stop: cancel every handler still running."""
+        self.stopping = True
+        for conn in list(self.connections):
+            conn.cancel_request()
+            conn.cancel_idle()
+
+    async def drain(self, grace: float) -> None:
+        """The whole graceful stop, bounded: ``grace`` seconds for requests in flight
+        to finish, then the hard stop, then `CLOSE_BOUND` for connections to close."""
+        self.stop_accepting()
+        self.close_idle()
+        with trio.move_on_after(grace if grace >= 0 else math.inf) as waited:
+            await self.wait_requests_done()
+        if waited.cancelled_caught:
+            log.info("%d requests still running after %gs: cancelling them", self.in_flight, grace)
+        self.cancel_requests()
+        if self.connections:
+            with trio.move_on_after(CLOSE_BOUND):
+                await self._no_connections.wait()
+        self._all_scope.cancel()
