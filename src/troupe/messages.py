@@ -7,6 +7,7 @@ what their child did, tagged with the generation they were started for.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -20,6 +21,9 @@ __all__ = [
     "Acquire",
     "BeginReload",
     "ChildState",
+    "DownloadFailed",
+    "DownloadFinished",
+    "DownloadProgress",
     "Exited",
     "FinishReload",
     "LoadModel",
@@ -119,6 +123,31 @@ class Exited:
     oom: bool = False  # its log said it ran out of memory
 
 
+@attrs.frozen
+class DownloadProgress:
+    """Bytes on disk so far, per file URL, for every file of download ``job``."""
+
+    name: str
+    job: int
+    progress: Mapping[str, tuple[int, int]]  # url -> (done, total)
+
+
+@attrs.frozen
+class DownloadFinished:
+    name: str
+    job: int
+    listed: str  # the name the catalogue lists it under: org/repo:TAG
+
+
+@attrs.frozen
+class DownloadFailed:
+    name: str
+    job: int
+    reason: str
+    status: int = 0  # the hub's HTTP status when it refused (404, 401...), else 0
+    cancelled: bool = False  # troupe stopped it (an unload, a DELETE, a shutdown)
+
+
 Message = (
     Acquire
     | Release
@@ -131,4 +160,7 @@ Message = (
     | Spawned
     | ChildState
     | Exited
+    | DownloadProgress
+    | DownloadFinished
+    | DownloadFailed
 )

@@ -50,9 +50,9 @@ def hf_token(environ: Mapping[str, str], flag: str | None = None) -> str:
     return flag or environ.get("HF_TOKEN", "")
 
 
-def open_client(token: str = "", *, connect_timeout: float = 10, read_timeout: float = 30) -> (
-    httpx.AsyncClient
-):
+def open_client(
+    token: str = "", *, connect_timeout: float = 10, read_timeout: float = 30
+) -> httpx.AsyncClient:
     """One client per job: redirects followed (httpx drops ``Authorization`` when a
     redirect leaves the hub's host, as a CDN redirect does); a read that stalls for
     ``read_timeout`` seconds is a transient error."""

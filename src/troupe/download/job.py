@@ -27,7 +27,7 @@ from troupe.download.hubapi import HubClient
 from troupe.download.journal import Journal
 from troupe.download.layout import RepoLayout
 from troupe.download.plan import DownloadPlan, PlannedFile
-from troupe.download.transfer import RetryPolicy, fetch_file
+from troupe.download.transfer import DEFAULT_POLICY, RetryPolicy, fetch_file
 
 __all__ = ["PARALLEL", "DownloadJob", "ProgressMap", "Reporter"]
 
@@ -50,7 +50,7 @@ class DownloadJob:
         journal: Journal | None = None,
         origin: str = "router",
         report: Reporter | None = None,
-        policy: RetryPolicy = RetryPolicy(),
+        policy: RetryPolicy = DEFAULT_POLICY,
         interval: float = 0.1,
     ) -> None:
         self.plan = plan
@@ -68,6 +68,7 @@ class DownloadJob:
         }
         self._changed = trio.Event()
         self._failure: BaseException | None = None
+        self.finished = False  # every file is in place and linked
 
     @property
     def done(self) -> int:
@@ -96,12 +97,17 @@ class DownloadJob:
                 self.journal.remove(self.plan.name)
             raise self._failure
         await trio.to_thread.run_sync(self.layout.finish, self.plan)
+        self.finished = True
         if self.journal is not None:
             self.journal.remove(self.plan.name)
         await self._send()
-        log.info("downloaded %s (%d files, %d bytes)", self.plan.name, len(self.plan.files), self.total)
+        log.info(
+            "downloaded %s (%d files, %d bytes)", self.plan.name, len(self.plan.files), self.total
+        )
 
-    async def _one(self, f: PlannedFile, limiter: trio.CapacityLimiter, files: trio.CancelScope) -> None:
+    async def _one(
+        self, f: PlannedFile, limiter: trio.CapacityLimiter, files: trio.CancelScope
+    ) -> None:
         if self.layout.have(f):
             self._set(f, f.size)
             return

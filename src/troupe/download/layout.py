@@ -91,6 +91,6 @@ class RepoLayout:
 
     def _prune_empty(self) -> None:
         """A cancelled first download leaves no empty ``models--`` folder behind."""
-        for sub in ("blobs", "snapshots", "refs", ""):
+        for folder in (self.root / "blobs", self.root / "snapshots", self.root / "refs", self.root):
             with contextlib.suppress(OSError):
-                (self.root / sub).rmdir() if sub else self.root.rmdir()
+                folder.rmdir()  # only when empty

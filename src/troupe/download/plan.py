@@ -116,7 +116,9 @@ def _split_files(files: Sequence[RemoteFile], primary: RemoteFile) -> list[Remot
     s = split_info(primary.path)
     if s.count <= 1:
         return [primary]
-    shards = [f for f in files if (i := split_info(f.path)).count == s.count and i.prefix == s.prefix]
+    shards = [
+        f for f in files if (i := split_info(f.path)).count == s.count and i.prefix == s.prefix
+    ]
     return sorted(shards, key=lambda f: split_info(f.path).index)
 
 

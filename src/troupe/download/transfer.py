@@ -33,7 +33,7 @@ from troupe.download.hubapi import HubError, reason
 from troupe.download.layout import RepoLayout
 from troupe.download.plan import PlannedFile
 
-__all__ = ["BusyError", "ChecksumError", "RetryPolicy", "fetch_file"]
+__all__ = ["DEFAULT_POLICY", "BusyError", "ChecksumError", "RetryPolicy", "fetch_file"]
 
 WRITE_STEP = 1 << 20
 HASH_STEP = 64 << 20
@@ -62,6 +62,9 @@ class RetryPolicy:
 
     def delay(self, failures: int) -> float:
         return float(min(self.backoff_max, self.backoff * 2 ** (failures - 1)))
+
+
+DEFAULT_POLICY = RetryPolicy()
 
 
 class _Sink:
@@ -143,7 +146,7 @@ async def fetch_file(
     f: PlannedFile,
     layout: RepoLayout,
     on_progress: Progress,
-    policy: RetryPolicy = RetryPolicy(),
+    policy: RetryPolicy = DEFAULT_POLICY,
 ) -> None:
     """Fetch ``f`` from ``url`` into ``layout.blob(f)``, resuming any partial file."""
     partial = layout.partial(f)

@@ -245,7 +245,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._error(404, "RepoNotFound", "Repository not found", head=head)
             return None
         if repo.private and not self._authorized():
-            msg = f"Access to model {repo_id} is restricted. You must be authenticated to access it."
+            msg = (
+                f"Access to model {repo_id} is restricted. You must be authenticated to access it."
+            )
             self._error(401, "GatedRepo", msg, head=head)
             return None
         return repo
@@ -300,11 +302,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         start = int(query.get("cursor", ["0"])[0])
         size = self.hub.page_size or len(entries) or 1
         page = entries[start : start + size]
-        extra = {}
+        extra: dict[str, str] = {}
         if start + size < len(entries):
             base = f"{self.hub.url}api/models/{repo.repo_id}/tree/{rev}"
             extra["Link"] = f'<{base}?recursive={recursive}&cursor={start + size}>; rel="next"'
-        self._json(page, head=head, **extra)
+        self._json(page, 200, head=head, **extra)
 
     def _resolve(self, repo: HubRepo, path: str, *, head: bool) -> None:
         data = repo.files.get(path)
