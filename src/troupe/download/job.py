@@ -139,8 +139,9 @@ class DownloadJob:
             await self._report(dict(self.progress))
 
     async def discard(self) -> None:
-        """After a cancel: delete the partial files and the journal entry (shielded)."""
+        """After a cancel: delete what this job left (partial files, unlinked blobs) and
+        its journal entry (shielded)."""
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(self.layout.discard_partials, self.plan)
+            await trio.to_thread.run_sync(self.layout.discard, self.plan)
             if self.journal is not None:
                 self.journal.remove(self.plan.name)

@@ -83,11 +83,24 @@ class RepoLayout:
             self.link(plan.commit, f)
         self.write_ref(plan.branch, plan.commit)
 
-    def discard_partials(self, plan: DownloadPlan) -> None:
+    def discard(self, plan: DownloadPlan) -> None:
+        """After a cancel: the plan's partial files, and its finished blobs that no
+        snapshot entry points to (nobody would ever find them), are deleted."""
+        linked = self._linked_blobs()
         for f in plan.files:
             with contextlib.suppress(FileNotFoundError):
                 self.partial(f).unlink()
+            if self.blob(f).name not in linked:
+                with contextlib.suppress(FileNotFoundError):
+                    self.blob(f).unlink()
         self._prune_empty()
+
+    def _linked_blobs(self) -> set[str]:
+        out: set[str] = set()
+        for entry in (self.root / "snapshots").glob("*/**/*"):
+            if entry.is_symlink():
+                out.add(os.path.basename(os.readlink(entry)))
+        return out
 
     def _prune_empty(self) -> None:
         """A cancelled first download leaves no empty ``models--`` folder behind."""

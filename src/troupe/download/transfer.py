@@ -7,8 +7,8 @@ its size and digest match the hub's listing: the LFS sha256, or for a plain git 
 git blob id (sha1 of ``"blob <size>\\0"`` + content). A digest that does not match
 deletes the partial file: nothing tells which bytes were wrong.
 
-Disk work (write, hash, fsync) runs in worker threads in steps of at most 1 MiB (writes)
-or 64 MiB (hashing a resumed prefix), so a cancellation takes effect within a step; the
+Disk work (write, hash, fsync) runs in worker threads in steps of at most 1 MiB (writes,
+or what arrived in the last quarter second) or 64 MiB (hashing a resumed prefix), so a cancellation takes effect within a step; the
 network side is plain Trio I/O and stops at once. Bytes already received when a
 connection drops or the job is paused are kept (written under a shield): TCP delivered
 them intact, and the next request asks for the rest.
@@ -36,10 +36,11 @@ from troupe.download.plan import PlannedFile
 __all__ = ["DEFAULT_POLICY", "BusyError", "ChecksumError", "RetryPolicy", "fetch_file"]
 
 WRITE_STEP = 1 << 20
+WRITE_EVERY = 0.25  # seconds: a slow download still reaches the disk (and the progress)
 HASH_STEP = 64 << 20
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)\Z")
 
-Progress = Callable[[int], None]  # bytes of the file on disk so far
+Progress = Callable[[int], None]  # bytes of the file received so far (on disk, or about to be)
 
 
 class ChecksumError(Exception):
@@ -196,6 +197,7 @@ async def _stream(client: httpx.AsyncClient, url: str, sink: _Sink, on_progress:
                 await trio.to_thread.run_sync(sink.reset)
                 raise _Transient("the hub answered another range; starting over")
         buf = bytearray()
+        flushed = trio.current_time()
         try:
             async for chunk in resp.aiter_raw():
                 if sink.size + len(buf) + len(chunk) > sink.file.size:
@@ -203,11 +205,13 @@ async def _stream(client: httpx.AsyncClient, url: str, sink: _Sink, on_progress:
                     await trio.to_thread.run_sync(sink.discard)
                     raise ChecksumError(f"{sink.file.path}: the hub sent more bytes than it lists")
                 buf += chunk
-                if len(buf) >= WRITE_STEP:
+                now = trio.current_time()
+                if len(buf) >= WRITE_STEP or now - flushed >= WRITE_EVERY:
                     data = bytes(buf)
                     buf.clear()
+                    flushed = now
                     await trio.to_thread.run_sync(sink.write, data)
-                    on_progress(sink.size)
+                on_progress(sink.size + len(buf))  # received: kept even if cut short
         finally:
             if buf:
                 with trio.CancelScope(shield=True):  # keep what arrived, even when cancelled

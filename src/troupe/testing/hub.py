@@ -43,7 +43,16 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import attrs
 
-__all__ = ["Fault", "Hub", "HubRepo", "RequestRecord", "git_blob_oid", "open_hub"]
+__all__ = [
+    "TOKEN",
+    "Fault",
+    "Hub",
+    "HubRepo",
+    "RequestRecord",
+    "git_blob_oid",
+    "open_hub",
+    "tiny_repo_files",
+]
 
 TOKEN = "hf_" + "t" * 34  # llama.cpp only sends tokens shaped like hf_ + 34..253 alnum
 
@@ -65,6 +74,9 @@ class Fault:
     resumed request that starts past it is served whole); ``drops`` such responses, then
     normal service. ``corrupt``: flip one byte in what is sent. ``rate``: bytes per second.
     ``status``: answer that status (``times`` times; None: always) instead of the file.
+    ``stall_at``: after this many bytes of the file, send nothing more (the connection
+    stays open until the client gives up or the hub stops). ``ignore_range``: answer a
+    ``Range`` request with the whole file (200), as some proxies do.
     """
 
     drop_at: int | None = None
@@ -73,6 +85,8 @@ class Fault:
     rate: float | None = None
     status: int | None = None
     times: int | None = None
+    stall_at: int | None = None
+    ignore_range: bool = False
 
 
 @attrs.define
@@ -337,7 +351,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             headers["X-Linked-Size"] = str(len(data))
         start, end = 0, len(data)
         status = 200
-        if (rng := self.headers.get("Range")) is not None:
+        rng = None if fault is not None and fault.ignore_range else self.headers.get("Range")
+        if rng is not None:
             m = _RANGE.match(rng.strip())
             if m is None or int(m.group(1)) >= len(data) > 0:
                 headers["Content-Range"] = f"bytes */{len(data)}"
@@ -366,10 +381,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if fault.corrupt and body:
             body[len(body) // 2] ^= 0xFF
         stop = len(body) if drop_at is None else min(len(body), drop_at - start)
+        stall = None if fault.stall_at is None else max(0, fault.stall_at - start)
         sent = 0
         began = time.monotonic()
         while sent < stop and not self.hub.stopping.is_set():
-            piece = bytes(body[sent : min(stop, sent + _CHUNK)])
+            if stall is not None and sent >= stall:
+                self.hub.stopping.wait()  # hold the connection open, silent
+                break
+            limit = stop if stall is None else min(stop, stall)
+            piece = bytes(body[sent : min(limit, sent + _CHUNK)])
             if rate:
                 # Smooth pacing: never ahead of the rate (sleeping in short steps so a
                 # stopping hub is noticed).
@@ -418,6 +438,21 @@ class _Server(http.server.ThreadingHTTPServer):
             for conn in self._open:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
+
+
+def tiny_repo_files(directory: Path, *paths: str, seed: int = 0) -> dict[str, Path]:
+    """A tiny real model (`troupe.testing.write_tiny_gguf`) for each repository path,
+    written under ``directory``: ``{"m-Q4_K_M.gguf": Path, ...}`` for `Hub.add_repo`.
+    Each file is a distinct, loadable model named after its file."""
+    from troupe.testing.tiny_gguf import TinyModel, write_tiny_gguf  # noqa: PLC0415  (numpy)
+
+    out: dict[str, Path] = {}
+    for i, rel in enumerate(paths):
+        target = directory / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        stem = rel.rsplit("/", 1)[-1].removesuffix(".gguf")
+        out[rel] = write_tiny_gguf(target, TinyModel(name=stem, seed=seed + i))
+    return out
 
 
 @contextmanager
