@@ -56,7 +56,8 @@ async def test_progress_then_finished_with_the_listed_name(
     got = await messages_of(spec(hub, plan, tmp_path))
     *progress, outcome = got
     assert outcome == DownloadFinished(repo, 7, f"{repo}:Q4_K_M")
-    assert progress and all(isinstance(m, DownloadProgress) for m in progress)
+    assert progress
+    assert all(isinstance(m, DownloadProgress) for m in progress)
     last = progress[-1]
     assert isinstance(last, DownloadProgress)
     assert {url.rsplit("/", 1)[-1] for url in last.progress} == {MODEL, "mmproj-m-F16.gguf"}
@@ -80,7 +81,8 @@ async def test_a_bug_in_the_job_is_a_failure_not_an_exception(
     plan = await plan_of(hub, repo)
     (outcome,) = await messages_of(spec(hub, plan, tmp_path))
     assert isinstance(outcome, DownloadFailed)
-    assert "troupe download error" in outcome.reason and "boom" in outcome.reason
+    assert "troupe download error" in outcome.reason
+    assert "boom" in outcome.reason
 
 
 async def test_a_stalled_job_fails_and_forgets_its_journal_entry(
@@ -91,8 +93,10 @@ async def test_a_stalled_job_fails_and_forgets_its_journal_entry(
     s = spec(hub, plan, tmp_path, stall_timeout=0.5)
     *_, outcome = await messages_of(s)
     assert isinstance(outcome, DownloadFailed)
-    assert outcome.reason.startswith("stalled") and not outcome.cancelled
-    assert s.journal is not None and s.journal.entries() == []
+    assert outcome.reason.startswith("stalled")
+    assert not outcome.cancelled
+    assert s.journal is not None
+    assert s.journal.entries() == []
 
 
 async def test_cancel_discards_or_keeps_as_asked(hub: Hub, repo: str, tmp_path: Path) -> None:
@@ -110,10 +114,9 @@ async def test_cancel_discards_or_keeps_as_asked(hub: Hub, repo: str, tmp_path: 
                     break
             actor.cancel(discard=discard)
             rest = [m async for m in recv]
-        assert isinstance(rest[-1], DownloadFailed) and rest[-1].cancelled
+        assert isinstance(rest[-1], DownloadFailed)
+        assert rest[-1].cancelled
         partial = list((tmp_path / "cache").rglob("*.downloadInProgress"))
         assert s.journal is not None
-        if discard:
-            assert partial == [] and s.journal.entries() == []
-        else:
-            assert partial and [e.plan for e in s.journal.entries()] == [plan]
+        assert bool(partial) is not discard
+        assert [e.plan for e in s.journal.entries()] == ([] if discard else [plan])

@@ -14,7 +14,7 @@ import trio
 
 from troupe.catalog.hfcache import cached_files, cached_models
 from troupe.download.hubapi import HubClient, HubError, open_client
-from troupe.download.job import DownloadJob
+from troupe.download.job import DownloadJob, ProgressMap, Reporter
 from troupe.download.journal import Journal
 from troupe.download.layout import PARTIAL_SUFFIX, RepoLayout
 from troupe.download.plan import DownloadPlan, PlanError
@@ -28,6 +28,17 @@ MODEL = "m-Q4_K_M.gguf"
 async def plan_of(hub: Hub, name: str, token: str = "") -> DownloadPlan:
     async with open_client(token) as client:
         return await HubClient(client, hub.url).plan(name)
+
+
+def reached(job_file: str, at_least: int) -> tuple[trio.Event, Reporter]:
+    """An event set once a job's report shows ``at_least`` bytes of ``job_file``."""
+    event = trio.Event()
+
+    async def report(progress: ProgressMap) -> None:
+        if any(url.endswith(job_file) and done >= at_least for url, (done, _) in progress.items()):
+            event.set()
+
+    return event, report
 
 
 async def run_job(
@@ -82,8 +93,8 @@ async def test_a_connection_dropped_halfway_resumes_with_range_and_verifies(
     plan = await plan_of(hub, f"{repo}:Q4_K_M")
     await run_job(hub, plan, tmp_path / "cache")
     gets = hub.gets(MODEL)
-    assert gets[0].range is None and gets[0].sent == size // 2
-    assert gets[1].range == f"bytes={size // 2}-" and gets[1].status == 206
+    assert (gets[0].range, gets[0].sent) == (None, size // 2)
+    assert (gets[1].range, gets[1].status) == (f"bytes={size // 2}-", 206)
     assert hub.sent(MODEL) == size  # not one byte fetched twice
     assert (tmp_path / "cache").rglob(MODEL)
 
@@ -123,12 +134,12 @@ async def test_a_paused_job_keeps_its_bytes_and_the_next_one_resumes(
     hub.fault(repo, MODEL, Fault(stall_at=size // 2))
     plan = await plan_of(hub, f"{repo}:Q4_K_M")
     async with open_client() as client:
-        job = DownloadJob(plan, cache, client, hub.url, journal=journal, policy=FAST)
+        half, report = reached(MODEL, size // 2)
+        job = DownloadJob(plan, cache, client, hub.url, journal=journal, report=report)
         with trio.move_on_after(30) as scope:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(job.run)
-                while job.progress[job.urls[MODEL]][0] < size // 2:
-                    await trio.sleep(0.01)  # polling a counter only the test reads
+                await half.wait()
                 nursery.cancel_scope.cancel()
         assert not scope.cancelled_caught
     (kept,) = [p for p in partials(cache) if p.name.startswith(plan.files[0].oid)]
@@ -193,10 +204,10 @@ async def test_two_jobs_never_append_to_one_partial_file(
     hub.fault(repo, MODEL, Fault(stall_at=1000))
     plan = await plan_of(hub, f"{repo}:Q4_K_M")
     async with open_client() as client, trio.open_nursery() as nursery:
-        first = DownloadJob(plan, cache, client, hub.url)
+        started, report = reached(MODEL, 1)
+        first = DownloadJob(plan, cache, client, hub.url, report=report)
         nursery.start_soon(first.run)
-        while not partials(cache):
-            await trio.sleep(0.01)
+        await started.wait()
         with pytest.raises(BusyError, match="another process"):
             await DownloadJob(plan, cache, client, hub.url, policy=FAST).run()
         nursery.cancel_scope.cancel()

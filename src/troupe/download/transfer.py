@@ -8,8 +8,9 @@ git blob id (sha1 of ``"blob <size>\\0"`` + content). A digest that does not mat
 deletes the partial file: nothing tells which bytes were wrong.
 
 Disk work (write, hash, fsync) runs in worker threads in steps of at most 1 MiB (writes,
-or what arrived in the last quarter second) or 64 MiB (hashing a resumed prefix), so a cancellation takes effect within a step; the
-network side is plain Trio I/O and stops at once. Bytes already received when a
+or what arrived in the last quarter second) or 64 MiB (hashing a resumed prefix), so a
+cancellation takes effect within a step; the network side is plain Trio I/O and stops
+at once. Bytes already received when a
 connection drops or the job is paused are kept (written under a shield): TCP delivered
 them intact, and the next request asks for the rest.
 """

@@ -39,7 +39,7 @@ def test_no_tag_prefers_q4_k_m_then_q8_0_then_the_first_model() -> None:
 
 
 def test_an_unknown_tag_fails_and_lists_what_there_is() -> None:
-    with pytest.raises(PlanError, match="no GGUF file with tag 'Q2_K'.*m-Q8_0.gguf"):
+    with pytest.raises(PlanError, match=r"no GGUF file with tag 'Q2_K'.*m-Q8_0\.gguf"):
         plan("Q2_K", "m-Q8_0.gguf")
     with pytest.raises(PlanError, match="no GGUF model file"):
         plan("", "README.md", "mmproj-x-F16.gguf")
@@ -102,5 +102,5 @@ def test_parse_listing_keeps_sane_files_only() -> None:
     ]
     got = parse_listing(items)
     assert got == [RemoteFile("a-Q8_0.gguf", 7, OID, SHA), RemoteFile("README.md", 3, OID, None)]
-    assert got[0].oid == SHA and got[1].oid == OID
+    assert [f.oid for f in got] == [SHA, OID]
     assert parse_listing({"not": "a list"}) == []
