@@ -144,6 +144,8 @@ class Hub:
         self.url = ""  # "http://127.0.0.1:PORT/", set by open_hub
         self.stopping = threading.Event()
         self.lock = threading.Lock()
+        self._busy = 0  # requests being answered
+        self._idle = threading.Condition(self.lock)
 
     def add_repo(
         self,
@@ -178,6 +180,13 @@ class Hub:
 
     def sent(self, path_suffix: str) -> int:
         return sum(r.sent for r in self.gets(path_suffix))
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Return once no request is being answered (a cancelled client's response is
+        recorded only when its handler notices the client went away)."""
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._busy == 0, timeout):
+                raise TimeoutError("the hub is still answering requests")
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -238,6 +247,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # ----- routes ------------------------------------------------------------------
 
     def _route(self, method: str) -> None:
+        with self.hub.lock:
+            self.hub._busy += 1
+        try:
+            self._answer(method)
+        finally:
+            with self.hub.lock:
+                self.hub._busy -= 1
+                self.hub._idle.notify_all()
+
+    def _answer(self, method: str) -> None:
         url = urlsplit(self.path)
         path = unquote(url.path).lstrip("/")
         head = method == "HEAD"
