@@ -21,6 +21,7 @@ complete) for throughput and the dropped connection, when the engine is installe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -86,12 +87,10 @@ def hf_download(hub: Hub, cache: Path, cancel_after: float | None = None) -> flo
             return super().update(n)  # type: ignore[no-any-return]
 
     def run() -> None:
-        try:
+        with contextlib.suppress(_Cancelled):
             huggingface_hub.hf_hub_download(
                 REPO, FILE, cache_dir=cache, endpoint=hub.url.rstrip("/"), tqdm_class=Hook
             )
-        except _Cancelled:
-            pass
 
     began = time.monotonic()
     if cancel_after is None:
