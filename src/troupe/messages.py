@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import trio
 
+from troupe.download.plan import DownloadPlan
 from troupe.sched.effects import Failure, Grant
 from troupe.sched.memory import MemorySample
 from troupe.sched.table import ModelConfig
@@ -26,12 +27,14 @@ __all__ = [
     "DownloadProgress",
     "Exited",
     "FinishReload",
+    "ForgetDownloads",
     "LoadModel",
     "MemorySampled",
     "Message",
     "Release",
     "ReplyChannel",
     "Spawned",
+    "StartDownload",
     "StopAll",
     "UnloadModel",
 ]
@@ -124,6 +127,27 @@ class Exited:
 
 
 @attrs.frozen
+class StartDownload:
+    """``POST /models``: ``plan`` as the hub answered, or None with why not (``error``)."""
+
+    rid: int
+    name: str
+    plan: DownloadPlan | None
+    error: str
+    error_status: int
+    reply: ReplyChannel
+
+
+@attrs.frozen
+class ForgetDownloads:
+    """The reload after these ended downloads (name -> job) is done: drop their entries."""
+
+    rid: int
+    jobs: Mapping[str, int]
+    reply: ReplyChannel
+
+
+@attrs.frozen
 class DownloadProgress:
     """Bytes on disk so far, per file URL, for every file of download ``job``."""
 
@@ -160,6 +184,8 @@ Message = (
     | Spawned
     | ChildState
     | Exited
+    | StartDownload
+    | ForgetDownloads
     | DownloadProgress
     | DownloadFinished
     | DownloadFailed

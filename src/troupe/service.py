@@ -98,6 +98,8 @@ async def serve_router(
             # Always shown, whatever the log level: with --port 0 it is how to find the port.
             log.log(max(logging.INFO, log.getEffectiveLevel()), "listening on %s", url)
         task_status.started(urls)
+        nursery.start_soon(ctx.downloads.reload_after, ctx.scheduler, ctx.reload)
+        await ctx.downloads.resume(ctx.scheduler)
         await ctx.load_on_startup()
 
 

@@ -1,27 +1,12 @@
-"""The loopback hub, and a repository of tiny real models on it."""
+"""A repository of tiny real models on the loopback hub (see tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from troupe.testing.hub import Hub, open_hub, tiny_repo_files
-
-
-@pytest.fixture
-def hub() -> Iterator[Hub]:
-    with open_hub() as h:
-        yield h
-
-
-@pytest.fixture(scope="session")
-def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """``m-Q4_K_M.gguf``, ``m-Q8_0.gguf`` and ``mmproj-m-F16.gguf`` (~1.3 MB each)."""
-    return tiny_repo_files(
-        tmp_path_factory.mktemp("repo"), "m-Q4_K_M.gguf", "m-Q8_0.gguf", "mmproj-m-F16.gguf"
-    )
+from troupe.testing.hub import Hub
 
 
 @pytest.fixture

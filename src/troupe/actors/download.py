@@ -85,7 +85,7 @@ class DownloadActor:
     async def _outcome(self) -> Message:
         spec = self.spec
         if spec.plan is None:
-            return DownloadFailed(spec.name, spec.job, spec.error, spec.error_status)
+            return self._failed(spec.error, spec.error_status)
         try:
             async with open_client(spec.token) as client:
                 self.job = DownloadJob(

@@ -14,24 +14,32 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Protocol
 
+import attrs
 import trio
 
+from troupe.actors.download_supervisor import DownloadLauncher, DownloadSupervisor
 from troupe.actors.events import EventBus
 from troupe.actors.instance import Instance, LaunchSpec
 from troupe.actors.memory import MemorySampler
 from troupe.child.ledger import PidLedger
+from troupe.download.plan import DownloadPlan
 from troupe.messages import (
     Acquire,
     BeginReload,
     ChildState,
+    DownloadFailed,
+    DownloadFinished,
+    DownloadProgress,
     Exited,
     FinishReload,
+    ForgetDownloads,
     LoadModel,
     MemorySampled,
     Message,
     Release,
     ReplyChannel,
     Spawned,
+    StartDownload,
     StopAll,
     UnloadModel,
 )
@@ -81,6 +89,7 @@ class Scheduler:
         ledger: PidLedger | None = None,
         inbox_size: int = 1024,
         sampler: MemorySampler | None = None,
+        downloads: DownloadLauncher | None = None,
     ) -> None:
         self._core = core
         self._launcher = launcher
@@ -96,6 +105,8 @@ class Scheduler:
         self._watchers: list[tuple[Callable[[Snapshot], bool], trio.Event]] = []
         self._sampler = sampler
         self._remembered: dict[str, Mapping[str, int]] = {}
+        # Download jobs hold no child and no slot: their table lives beside the core.
+        self._downloads = DownloadSupervisor(downloads, self._send.clone())
 
     # ----- reading -------------------------------------------------------------------
 
@@ -106,6 +117,8 @@ class Scheduler:
         changes in-flight counts twice per request)."""
         if self._stale:
             self._snapshot = self._core.snapshot()
+            if self._downloads.table.views():
+                self._snapshot = attrs.evolve(self._snapshot, downloads=self._downloads.views())
             self._stale = False
         return self._snapshot
 
@@ -212,6 +225,18 @@ class Scheduler:
     async def finish_reload(self, models: tuple[ModelConfig, ...]) -> None:
         await self._ask(lambda rid, reply: FinishReload(rid, models, reply))
 
+    async def start_download(
+        self, name: str, plan: DownloadPlan | None, error: str = "", error_status: int = 0
+    ) -> None:
+        """``POST /models``: a ``downloading`` entry and its job; `ModelUnavailable` (400)
+        when the name exists or its files are being written by another download."""
+        await self._ask(
+            lambda rid, reply: StartDownload(rid, name, plan, error, error_status, reply)
+        )
+
+    async def forget_downloads(self, jobs: Mapping[str, int]) -> None:
+        await self._ask(lambda rid, reply: ForgetDownloads(rid, jobs, reply))
+
     async def _ask(self, make: Callable[[int, ReplyChannel], Message]) -> None:
         rid = next(self._ids)
         send, recv = trio.open_memory_channel[Grant | Failure | None](1)
@@ -225,6 +250,7 @@ class Scheduler:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._downloads.nursery = nursery
             task_status.started()
             while True:
                 deadline = self._core.next_deadline()
@@ -256,12 +282,21 @@ class Scheduler:
             case LoadModel():
                 self._replies[msg.rid] = msg.reply
                 return core.load(msg.rid, msg.model, now)
+            case UnloadModel() if msg.model in self._downloads:
+                self._replies[msg.rid] = msg.reply
+                return list(self._downloads.cancel(msg.rid, msg.model))
             case UnloadModel():
                 self._replies[msg.rid] = msg.reply
                 return core.unload(msg.rid, msg.model, now)
             case StopAll():
                 self._replies[msg.rid] = msg.reply
+                self._downloads.stop_all()
                 return core.stop_all(msg.rid, now)
+            case StartDownload() | ForgetDownloads():
+                self._replies[msg.rid] = msg.reply
+                return list(self._downloads.dispatch(msg))
+            case DownloadProgress() | DownloadFinished() | DownloadFailed():
+                return list(self._downloads.dispatch(msg))
             case BeginReload():
                 self._replies[msg.rid] = msg.reply
                 effects = core.begin_reload(msg.restart, now)

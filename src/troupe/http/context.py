@@ -20,6 +20,7 @@ from troupe.catalog.hfcache import cache_dir
 from troupe.catalog.memory import model_need
 from troupe.catalog.removal import remove_cached
 from troupe.child.ledger import PidLedger, default_state_dir
+from troupe.download.router import RouterDownloads
 from troupe.engine import Engine
 from troupe.errors import ConfigError, TroupeError
 from troupe.gguf import ModelFacts
@@ -81,7 +82,11 @@ class RouterContext:
             memory=MemoryLedger(margin) if margin is not None else None,
         )
         sampler = MemorySampler(self._reader) if margin is not None else None
-        self.scheduler = Scheduler(core, self, ledger=ledger, sampler=sampler)
+        token = next((v for o, v in settings.base_args if o.long_name == "--hf-token"), None)
+        self.downloads = RouterDownloads(environ, state_dir, token)
+        self.scheduler = Scheduler(
+            core, self, ledger=ledger, sampler=sampler, downloads=self.downloads
+        )
         self.relay = Relay(float(settings.timeout))
         self.conversations = ConversationTracker()
         self.ready = False
@@ -223,6 +228,9 @@ class RouterContext:
         """``DELETE /models?model=``: stop it, delete its cache files, forget it (§8).
         Canonical names only: aliases are not resolved, as upstream."""
         entry = self.catalog.get(name)
+        if entry is None and name in self.scheduler.snapshot.downloads:
+            await self._remove_download(name)
+            return
         if entry is None:
             raise ModelUnavailable(Failure.server_error(f"model name={name} is not found"))
         if not entry.can_remove:
@@ -242,6 +250,21 @@ class RouterContext:
             "removing model name=%s from cache (%s)", name, "succeeded" if removed else "partial"
         )
         await self.reload()
+        self.scheduler.bus.publish({"model": name, "event": "model_remove"})
+
+    async def _remove_download(self, name: str) -> None:
+        """``DELETE`` on a download: cancel it (answered once the job ended), delete what
+        it left in the cache, forget the entry (§8)."""
+        view = self.scheduler.snapshot.downloads[name]
+        if view.status is Status.DOWNLOADING:
+            with contextlib.suppress(ModelUnavailable):  # it may have ended meanwhile
+                await self.scheduler.unload(name)
+        view = self.scheduler.snapshot.downloads.get(name, view)
+        removed = await trio.to_thread.run_sync(remove_cached, cache_dir(self.environ), name)
+        log.info(
+            "removing model name=%s from cache (%s)", name, "succeeded" if removed else "partial"
+        )
+        await self.scheduler.forget_downloads({name: view.job})
         self.scheduler.bus.publish({"model": name, "event": "model_remove"})
 
     async def load_on_startup(self) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from troupe.sched.downloads import DownloadView
 from troupe.sched.memory import DeviceMemory
 from troupe.sched.status import Status
 
@@ -97,6 +98,7 @@ class Snapshot:
     models_max: int
     queue: tuple[tuple[str, int], ...]  # (model, waiters) in queue order
     devices: tuple[DeviceMemory, ...] = ()  # the last memory reading, if any
+    downloads: Mapping[str, DownloadView] = attrs.field(factory=dict)  # by requested name
 
     @property
     def running(self) -> int:
