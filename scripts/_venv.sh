@@ -29,3 +29,32 @@ ensure_venv() {
     echo "$want" >>"$stamp"
   fi
 }
+
+# Debian packages the suite drives for real: nginx (the shipped site in front of troupe)
+# and chromium (the dashboard's browser test). Installed once, when missing; CI is a fresh
+# Debian machine running as root. Elsewhere, say what is missing: the tests that need it
+# then fail with the same advice (TROUPE_ALLOW_NO_NGINX=1 / TROUPE_ALLOW_NO_BROWSER=1 skip).
+ensure_debian_packages() {
+  local missing=()
+  [ -x /usr/sbin/nginx ] || missing+=(nginx)
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  local run=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      run=(sudo -n)
+    else
+      echo "troupe: the tests need ${missing[*]}: apt-get install ${missing[*]} (as root)" >&2
+      return 0
+    fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "troupe: the tests need ${missing[*]} (Debian packages), and there is no apt-get" >&2
+    return 0
+  fi
+  echo "troupe: installing ${missing[*]} (apt-get)" >&2
+  "${run[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  # RUNLEVEL=1: the package must not start an nginx of its own on port 80.
+  "${run[@]}" env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}

@@ -34,6 +34,29 @@ def engine_path() -> Path:
     return path
 
 
+def _debian_tool(path: str, package: str, allow_env: str) -> Path:
+    """A tool from a Debian package that the project's setup installs (scripts/test)."""
+    if Path(path).is_file() and os.access(path, os.X_OK):
+        return Path(path)
+    if os.environ.get(allow_env) == "1":
+        pytest.skip(f"no {path}")
+    pytest.fail(
+        f"this test needs {path} (apt-get install {package}; scripts/test installs it). "
+        f"Set {allow_env}=1 to skip it instead.",
+        pytrace=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def nginx_path() -> Path:
+    return _debian_tool("/usr/sbin/nginx", "nginx", "TROUPE_ALLOW_NO_NGINX")
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> Path:
+    return _debian_tool("/usr/bin/chromium", "chromium", "TROUPE_ALLOW_NO_BROWSER")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory with three distinct tiny GGUF models: tiny-a.gguf, tiny-b.gguf, tiny-c.gguf."""

@@ -16,6 +16,7 @@ from troupe import __version__
 from troupe.cli_help import SERVE_HELP, TOP_HELP
 from troupe.engine import Engine, find_engine, probe_engine
 from troupe.errors import EngineNotFound, TroupeError, UsageError
+from troupe.ops.logformat import make_formatter
 from troupe.settings.argv import normalise_flag, parse_engine_args
 from troupe.settings.config_file import config_options, load_config
 from troupe.settings.options import EngineOption, OptionTable, load_option_table
@@ -23,6 +24,7 @@ from troupe.settings.router import (
     TROUPE_OPTIONS,
     RouterSettings,
     build_settings,
+    log_format,
     with_router_options,
 )
 
@@ -112,18 +114,23 @@ def split_troupe_flags(args: Sequence[str]) -> tuple[dict[EngineOption, str], li
     return own, rest
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str, fmt: str = "text") -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise UsageError(f"invalid value for --log-level: '{level}' (debug, info, warning, error)")
-    logging.getLogger().setLevel(numeric)
+    root = logging.getLogger()
+    root.setLevel(numeric)
     for noisy in ("httpx", "httpcore", "hpack"):  # a line per proxied request is too much
         logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
-    logging.basicConfig(
-        level=numeric,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    formatter = make_formatter(log_format(fmt))
+    ours = [h for h in root.handlers if getattr(h, "troupe_handler", False)]
+    if not root.handlers:  # as basicConfig: leave a host's own logging alone
+        stream = logging.StreamHandler(sys.stderr)
+        stream.troupe_handler = True  # type: ignore[attr-defined]
+        ours = [stream]
+        root.addHandler(stream)
+    for handler in ours:
+        handler.setFormatter(formatter)  # the config file may change the format later
 
 
 def _is_single_model(cli: dict[EngineOption, str]) -> bool:
@@ -222,7 +229,8 @@ def serve(args: Sequence[str]) -> int:
         return 0
     own, _ = split_troupe_flags(args)
     level = _own_flag(own, "--log-level")
-    setup_logging(level or os.environ.get("TROUPE_LOG_LEVEL", "info"))
+    fmt = _own_flag(own, "--log-format") or os.environ.get("TROUPE_LOG_FORMAT", "text")
+    setup_logging(level or os.environ.get("TROUPE_LOG_LEVEL", "info"), fmt)
     prepared = prepare_router(args)
     if isinstance(prepared, list):
         # Not a router: llama-server itself serves the one model, with the same arguments.
@@ -231,7 +239,7 @@ def serve(args: Sequence[str]) -> int:
         sys.stderr.flush()
         os.execv(prepared[0], prepared)
     engine, table, settings = prepared
-    setup_logging(settings.log_level)  # the config file may set it too
+    setup_logging(settings.log_level, settings.log_format)  # the config file may set them too
     log.info(
         "troupe %s, engine %s (%s, from %s)",
         __version__,

@@ -78,6 +78,20 @@ troupe's own:
                             then llama-server on PATH)
   --log-level LEVEL         debug, info, warning or error (default: info)
                             (env: TROUPE_LOG_LEVEL)
+  --log-format FORMAT       text, or json: one object per line with time, level,
+                            logger, model and message (env: TROUPE_LOG_FORMAT)
+  --state-dir PATH          PID ledger and memory observations
+  --queue-max N             most requests waiting for models; beyond: 503 (default: 0,
+                            no limit)
+  --queue-timeout SECONDS   longest wait for a model before a 503 (default: none)
+  --load-timeout SECONDS    kill a load whose child shows no progress for this long
+                            (default: 300; off: never)
+  --drain-timeout SECONDS   on SIGTERM, how long requests in flight may finish before
+                            they are cut (default: 30)
+  --models-memory-margin MIB
+                            keep this much free on every device (default: 1024; off)
+  --max-body-mib N, --ws-max-message-mib N
+                            request body and WebSocket message limits (128, 16)
 
 every other llama-server flag (--ctx-size, --n-gpu-layers, --temp, --jinja, ...)
 is accepted, checked against the engine's own option list, and passed to every

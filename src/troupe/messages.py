@@ -13,26 +13,28 @@ from typing import Any
 import attrs
 import trio
 
+from troupe.catalog.prepared import PreparedCatalog
 from troupe.download.plan import DownloadPlan
 from troupe.sched.effects import Failure, Grant
 from troupe.sched.memory import MemorySample
-from troupe.sched.table import ModelConfig
 
 __all__ = [
     "Acquire",
-    "BeginReload",
     "ChildState",
     "DownloadFailed",
     "DownloadFinished",
     "DownloadProgress",
+    "Drain",
     "Exited",
-    "FinishReload",
-    "ForgetDownloads",
     "LoadModel",
+    "MemorySampleFailed",
     "MemorySampled",
     "Message",
     "Release",
+    "Reload",
+    "RemoveModel",
     "ReplyChannel",
+    "Rescanned",
     "Spawned",
     "StartDownload",
     "StopAll",
@@ -49,6 +51,7 @@ class Acquire:
     autoload: bool
     update_last_used: bool
     reply: ReplyChannel
+    ready_only: bool = False  # grant only a model that is loaded now; never wait
 
 
 @attrs.frozen
@@ -79,24 +82,49 @@ class StopAll:
 
 
 @attrs.frozen
-class BeginReload:
-    """Loads wait; the running models named are stopped (their preset changed)."""
+class Drain:
+    """Shutdown begins: answer every waiter, start no load, let leases finish."""
 
     rid: int
-    restart: tuple[str, ...]
     reply: ReplyChannel
 
 
 @attrs.frozen
-class FinishReload:
+class Reload:
+    """``GET /models?reload=1``: re-scan the sources and reconcile (§6.9). Carried out by
+    the scheduler whatever becomes of the asker."""
+
     rid: int
-    models: tuple[ModelConfig, ...]
     reply: ReplyChannel
+
+
+@attrs.frozen
+class RemoveModel:
+    """``DELETE /models?model=``: stop it, delete its cache files, reload (§8)."""
+
+    rid: int
+    model: str
+    reply: ReplyChannel
+
+
+@attrs.frozen
+class Rescanned:
+    """A scan the scheduler started is done: the catalogue, or why it could not be read.
+    ``removed``: the model whose files were deleted first (a removal's reload)."""
+
+    rid: int
+    result: PreparedCatalog | str
+    removed: str | None = None
 
 
 @attrs.frozen
 class MemorySampled:
     sample: MemorySample
+    version: int
+
+
+@attrs.frozen
+class MemorySampleFailed:
     version: int
 
 
@@ -139,17 +167,8 @@ class StartDownload:
 
 
 @attrs.frozen
-class ForgetDownloads:
-    """The reload after these ended downloads (name -> job) is done: drop their entries."""
-
-    rid: int
-    jobs: Mapping[str, int]
-    reply: ReplyChannel
-
-
-@attrs.frozen
 class DownloadProgress:
-    """Bytes on disk so far, per file URL, for every file of download ``job``."""
+    """Bytes received so far, per file URL, for every file of download ``job``."""
 
     name: str
     job: int
@@ -178,14 +197,16 @@ Message = (
     | LoadModel
     | UnloadModel
     | StopAll
-    | BeginReload
-    | FinishReload
+    | Drain
+    | Reload
+    | RemoveModel
+    | Rescanned
     | MemorySampled
+    | MemorySampleFailed
     | Spawned
     | ChildState
     | Exited
     | StartDownload
-    | ForgetDownloads
     | DownloadProgress
     | DownloadFinished
     | DownloadFailed

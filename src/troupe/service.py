@@ -2,9 +2,12 @@
 
 Root nursery (one_for_all): the scheduler actor, the HTTP server and the signal
 watcher are siblings, so a bug in either stops the whole service loudly rather
-than leaving it half-alive (DESIGN principle 5). Shutdown order: end SSE streams,
-stop accepting (hypercorn's graceful window), stop every child in parallel under
-one deadline, exit 0. A second signal exits 1 at once.
+than leaving it half-alive (DESIGN principle 5).
+
+Shutdown (the drain): end the /models/sse streams; the scheduler answers every
+waiting request and starts no load; stop accepting, and let requests in flight
+finish up to ``--drain-timeout``; then stop every child in parallel, each through its
+ladder. Every step is bounded, so the whole stop is; a second signal exits 1 at once.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from troupe.engine import Engine
 from troupe.errors import TroupeError
 from troupe.http.context import RouterContext, build_context
 from troupe.http.server import serve_http
+from troupe.ops.ready import ready_line
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
 
@@ -34,6 +38,9 @@ log = logging.getLogger("troupe.service")
 SHUTDOWN_GRACE = 5.0  # beyond the slowest stop ladder, before children are killed outright
 
 
+HTTP_GRACE = 5.0  # beyond the drain, for handlers to end once cut
+
+
 def run_service(settings: RouterSettings, engine: Engine, table: OptionTable) -> int:
     """Run the router until a signal; returns the process exit status."""
     try:
@@ -41,6 +48,19 @@ def run_service(settings: RouterSettings, engine: Engine, table: OptionTable) ->
     except TroupeError as exc:
         print(f"troupe: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BaseExceptionGroup as group:
+        # Raised inside a nursery (a load-on-startup failure): one line, no traceback.
+        errors, rest = group.split(TroupeError)
+        if errors is None or rest is not None:
+            raise
+        error = _first_leaf(errors)
+        print(f"troupe: error: {error}", file=sys.stderr)
+        return error.exit_code
+
+
+def _first_leaf(group: BaseExceptionGroup[TroupeError]) -> TroupeError:
+    first = group.exceptions[0]
+    return first if isinstance(first, TroupeError) else _first_leaf(first)
 
 
 async def _main(settings: RouterSettings, engine: Engine, table: OptionTable) -> int:
@@ -97,15 +117,25 @@ async def serve_router(
         for url in urls:
             # Always shown, whatever the log level: with --port 0 it is how to find the port.
             log.log(max(logging.INFO, log.getEffectiveLevel()), "listening on %s", url)
+        log.log(max(logging.INFO, log.getEffectiveLevel()), "%s", ready_line(ctx, urls))
         task_status.started(urls)
-        nursery.start_soon(ctx.downloads.reload_after, ctx.scheduler, ctx.reload)
         await ctx.downloads.resume(ctx.scheduler)
         await ctx.load_on_startup()
 
 
 async def shutdown(ctx: RouterContext) -> None:
     ctx.scheduler.bus.close()  # SSE streams end now, not when the graceful window cuts them
-    await ctx.stop_http()
+    with trio.move_on_after(SHUTDOWN_GRACE):
+        await ctx.scheduler.drain()  # waiters answered, no new load
+    drain = ctx.settings.drain_timeout
+    with trio.move_on_after(drain) as scope:  # requests in flight get up to --drain-timeout
+        await ctx.scheduler.wait_until(lambda s: not any(m.in_flight for m in s.models.values()))
+    if scope.cancelled_caught:
+        log.warning("requests still in flight after the %gs drain: cutting them", drain)
+    with trio.move_on_after(HTTP_GRACE) as scope:
+        await ctx.stop_http()
+    if scope.cancelled_caught:
+        log.error("HTTP handlers still running %gs after the server was stopped", HTTP_GRACE)
     deadline = ctx.max_stop_seconds() + SHUTDOWN_GRACE
     with trio.move_on_after(deadline) as scope:
         await ctx.scheduler.stop_all()

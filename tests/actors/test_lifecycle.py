@@ -188,3 +188,22 @@ async def test_an_oom_load_is_retried_once_after_evicting_idle_models(
         snap = router.snapshot
         assert snap.models["idle"].status is Status.UNLOADED
         assert snap.models["idle"].last_eviction == "memory for big"
+
+
+async def test_requests_that_give_up_waiting_leave_nothing_behind_in_the_scheduler(
+    fake_router: RouterFactory,
+) -> None:
+    async with fake_router({"a": {"fake-load-time": "30"}}) as router:
+        scheduler = router.ctx.scheduler
+
+        async def wait_briefly() -> None:
+            with trio.move_on_after(0.2):
+                async with scheduler.lease("a"):
+                    raise AssertionError("a is still loading")
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(50):
+                nursery.start_soon(wait_briefly)
+        await scheduler.unload("a")  # a round trip: every release before it was handled
+        assert scheduler._replies == {}  # every abandoned wait's reply channel is gone
+        assert router.snapshot.models["a"].in_flight == 0

@@ -6,27 +6,12 @@ import os
 from pathlib import Path
 
 from troupe.sched import Status
-from troupe.testing import TinyModel, write_tiny_gguf
 from troupe.testing.events import drain
+from troupe.testing.hfcache import COMMIT
+from troupe.testing.hfcache import write_hf_cache as hf_cache
 from troupe.testing.router import RouterFactory, open_router
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 FORMAT = "<user>/<model>[:quant]"
-
-
-def hf_cache(root: Path) -> Path:
-    """models--org--repo with a Q4_K_M and a Q8_0 file, snapshot entries linking blobs."""
-    repo = root / "models--org--repo"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(COMMIT)
-    snapshot = repo / "snapshots" / COMMIT
-    snapshot.mkdir(parents=True)
-    (repo / "blobs").mkdir()
-    for i, tag in enumerate(("Q4_K_M", "Q8_0")):
-        blob = repo / "blobs" / f"oid{i}"
-        write_tiny_gguf(blob, TinyModel(name=tag, seed=i))
-        os.symlink(f"../../blobs/oid{i}", snapshot / f"model-{tag}.gguf")
-    return repo
 
 
 async def test_delete_stops_and_removes_a_cache_model_and_only_it(

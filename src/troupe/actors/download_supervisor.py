@@ -20,20 +20,25 @@ from troupe.messages import (
     DownloadFailed,
     DownloadFinished,
     DownloadProgress,
-    ForgetDownloads,
     Message,
     StartDownload,
 )
-from troupe.sched.downloads import CancelJob, DownloadEffect, DownloadTable, DownloadView, StartJob
+from troupe.sched.downloads import (
+    CancelJob,
+    DownloadEffect,
+    DownloadTable,
+    DownloadView,
+    RemoveAfter,
+    StartJob,
+)
 from troupe.sched.effects import Emit, Failure, Reply
 
 __all__ = ["DownloadLauncher", "DownloadSupervisor"]
 
 log = logging.getLogger("troupe.download")
 
-DownloadMessage = (
-    StartDownload | ForgetDownloads | DownloadProgress | DownloadFinished | DownloadFailed
-)
+DownloadMessage = StartDownload | DownloadProgress | DownloadFinished | DownloadFailed
+Out = Emit | Reply | RemoveAfter  # what the scheduler carries out
 
 
 class DownloadLauncher(Protocol):
@@ -54,6 +59,7 @@ class DownloadSupervisor:
         self._actors: dict[str, DownloadActor] = {}
         self._pending: dict[str, tuple[DownloadPlan | None, str, int]] = {}
         self.nursery: trio.Nursery | None = None
+        self.closing = False  # shutting down: no new download starts
 
     def __contains__(self, name: str) -> bool:
         return name in self.table
@@ -61,9 +67,11 @@ class DownloadSupervisor:
     def views(self) -> dict[str, DownloadView]:
         return self.table.views()
 
-    def dispatch(self, msg: DownloadMessage) -> list[Emit | Reply]:
+    def dispatch(self, msg: DownloadMessage) -> list[Out]:
         match msg:
             case StartDownload():
+                if self.closing:
+                    return [Reply(msg.rid, Failure.unavailable("server is shutting down"))]
                 if self._launcher is None:
                     msg_text = "downloading models is not enabled in this router"
                     return [Reply(msg.rid, Failure(501, msg_text, "not_supported_error"))]
@@ -76,9 +84,6 @@ class DownloadSupervisor:
                     return self._carry_out(self.table.start(msg.rid, msg.name, files))
                 finally:
                     self._pending.pop(msg.name, None)
-            case ForgetDownloads():
-                self.table.forget(msg.jobs)
-                return [Reply(msg.rid, None)]
             case DownloadProgress():
                 return self._carry_out(self.table.progress(msg.name, msg.job, msg.progress))
             case DownloadFinished():
@@ -92,11 +97,21 @@ class DownloadSupervisor:
                 return self._carry_out(effects)
         raise AssertionError(f"not a download message: {msg!r}")
 
-    def cancel(self, rid: int, name: str) -> list[Emit | Reply]:
+    def cancel(self, rid: int, name: str) -> list[Out]:
         return self._carry_out(self.table.cancel(rid, name))
+
+    def remove(self, rid: int, name: str) -> list[Out]:
+        return self._carry_out(self.table.remove(rid, name))
+
+    def ended(self) -> dict[str, int]:
+        return self.table.ended()
+
+    def forget(self, jobs: dict[str, int]) -> None:
+        self.table.forget(jobs)
 
     def stop_all(self) -> None:
         """Shutdown: every job pauses (its bytes and journal entry kept for the next start)."""
+        self.closing = True
         self._carry_out(self.table.cancel_all())
 
     def _ended(self, name: str, job: int) -> None:
@@ -104,8 +119,8 @@ class DownloadSupervisor:
         if actor is not None and actor.spec.job == job:
             del self._actors[name]
 
-    def _carry_out(self, effects: list[DownloadEffect]) -> list[Emit | Reply]:
-        out: list[Emit | Reply] = []
+    def _carry_out(self, effects: list[DownloadEffect]) -> list[Out]:
+        out: list[Out] = []
         for effect in effects:
             match effect:
                 case StartJob():
@@ -115,7 +130,7 @@ class DownloadSupervisor:
                     if actor is not None and actor.spec.job == effect.job:
                         log.info("cancelling the download of %s", effect.name)
                         actor.cancel(discard=effect.discard)
-                case Emit() | Reply():
+                case Emit() | Reply() | RemoveAfter():
                     out.append(effect)
         return out
 

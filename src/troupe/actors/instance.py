@@ -43,6 +43,10 @@ class LaunchSpec:
     stop_timeout: float = 10.0
     term_grace: float = 5.0
     cwd: Path | None = None
+    # Kill a load whose child prints nothing (no state line, no log line) for this long:
+    # a child stopped or hung while loading must not hold its slot and waiters forever.
+    load_timeout: float | None = None
+    log_sink: Callable[[str], None] | None = None  # each stderr line (the model's log store)
 
 
 def _describe_exit(returncode: int) -> str:
@@ -74,6 +78,9 @@ class Instance:
         self._kill = False
         self.pid: int | None = None
         self.failure: tuple[LogKind, str] | None = None  # the first OOM/backend error line
+        self._ready = False  # the child said "ready" (its load is over)
+        self._last_output = 0.0  # when the child last printed anything
+        self._stalled = False  # killed by the load timeout
 
     @property
     def model(self) -> str:
@@ -145,6 +152,11 @@ class Instance:
             return code, None
         tail = " | ".join(self.log.tail(TAIL_LINES))
         detail = how
+        if self._stalled:
+            detail = (
+                f"load timed out: no progress for {self.spec.load_timeout:g} s "
+                f"(--load-timeout), {how}"
+            )
         if returncode < 0 and (advice := describe_exit_signal(-returncode)):
             detail += f" ({advice})"
         if self.failure is not None:
@@ -169,9 +181,11 @@ class Instance:
             err_done.set()
 
         async with trio.open_nursery() as nursery:
+            self._last_output = trio.current_time()
             nursery.start_soon(read_out)
             nursery.start_soon(read_err)
             nursery.start_soon(self._stop_when_asked, proc)
+            nursery.start_soon(self._watch_load, proc)
             await proc.wait()
             # A final state line may still sit in the pipe; a grandchild holding the pipe
             # open must not keep us here, hence the bound.
@@ -192,8 +206,27 @@ class Instance:
         )
         log.info("%s stopped at stage %s", self.model, stage)
 
+    async def _watch_load(self, proc: trio.Process) -> None:
+        """Kill the child if its load shows no progress for ``load_timeout`` seconds."""
+        timeout = self.spec.load_timeout
+        if timeout is None:
+            return
+        while not self._ready and not self._stop.is_set():
+            await trio.sleep_until(self._last_output + timeout)
+            stalled = trio.current_time() - self._last_output >= timeout
+            if stalled and not self._ready and not self._stop.is_set():
+                log.error(
+                    "%s: load made no progress for %gs (no output): killing it",
+                    self.model,
+                    timeout,
+                )
+                self._stalled = True
+                kill_group(proc.pid)
+                return
+
     async def _read_stdout(self, stream: trio.abc.ReceiveStream) -> None:
         async for line in iter_lines(stream):
+            self._last_output = trio.current_time()
             state = parse_state_line(line)
             if state is None:
                 if line.strip():
@@ -204,14 +237,19 @@ class Instance:
             if state.state not in KNOWN_STATES:
                 log.warning("%s reported an unknown state %r: ignored", self.model, state.state)
                 continue
+            if state.state == "ready":
+                self._ready = True
             await self._outbox.send(ChildState(self.model, self.gen, state.state, state.payload))
 
     async def _read_stderr(self, stream: trio.abc.ReceiveStream) -> None:
         async for line in iter_lines(stream):
+            self._last_output = trio.current_time()
             self.log.append(line)
+            if self.spec.log_sink is not None:
+                self.spec.log_sink(line)
             if self.failure is None:
                 kind = classify_line(line)
                 if kind is not None:
                     self.failure = (kind, line.strip())
                     log.warning("%s reported %s: %s", self.model, kind.value, line.strip())
-            child_log.info("[%s] %s", self.model, line)
+            child_log.info("[%s] %s", self.model, line, extra={"model": self.model})

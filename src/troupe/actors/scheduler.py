@@ -1,75 +1,57 @@
 """The scheduler actor: carries out what `SchedulerCore` decides, and nothing else.
 
-It owns the core (the only writer of the model table), the instance actors, and the
-reply channels of everyone waiting. The rest of the program talks to it through the
-methods here: `lease`, `load`, `unload`, `stop_all`, `subscribe`, `snapshot`.
+It owns the core (the only writer of the model table), the catalogue the table was
+built from, the instance actors, and the reply channels of everyone waiting. The
+rest of the program talks to it through the methods here: `lease`, `load`, `unload`,
+`reload`, `remove`, `start_download`, `drain`, `stop_all`, `subscribe`, `snapshot`.
+
+Anything that spans an await and changes shared state (a reload waiting for stopped
+children, a removal deleting files) is a message it carries out in its own nursery,
+so a client that gives up half-way leaves nothing half-done.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import math
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import trio
 
-from troupe.actors.download_supervisor import DownloadLauncher, DownloadSupervisor
+from troupe.actors.download_supervisor import DownloadLauncher
 from troupe.actors.events import EventBus
-from troupe.actors.instance import Instance, LaunchSpec
 from troupe.actors.memory import MemorySampler
+from troupe.actors.scheduler_downloads import DownloadRunner
+from troupe.actors.scheduler_effects import Launcher
+from troupe.catalog.prepared import PreparedCatalog
 from troupe.child.ledger import PidLedger
 from troupe.download.plan import DownloadPlan
 from troupe.messages import (
     Acquire,
-    BeginReload,
     ChildState,
-    DownloadFailed,
-    DownloadFinished,
-    DownloadProgress,
+    Drain,
     Exited,
-    FinishReload,
-    ForgetDownloads,
     LoadModel,
     MemorySampled,
+    MemorySampleFailed,
     Message,
     Release,
+    Reload,
+    RemoveModel,
     ReplyChannel,
+    Rescanned,
     Spawned,
     StartDownload,
     StopAll,
     UnloadModel,
 )
-from troupe.sched import (
-    Effect,
-    Emit,
-    Failure,
-    Grant,
-    ModelConfig,
-    Reply,
-    SampleMemory,
-    SchedulerCore,
-    Snapshot,
-    Spawn,
-    Stop,
-)
+from troupe.sched import Effect, Failure, Grant, Reply, SchedulerCore, Snapshot
 from troupe.sched.memory import MemoryLedger
 
 __all__ = ["Launcher", "ModelUnavailable", "Scheduler"]
-
-log = logging.getLogger("troupe.scheduler")
-
-
-class Launcher(Protocol):
-    """Where the scheduler gets a model's command line (the catalogue)."""
-
-    def launch_spec(self, model: str) -> LaunchSpec: ...
-
-    def remember_memory(self, model: str, used: Mapping[str, int]) -> None:
-        """What ``model`` was seen to hold once up (kept for the next estimate)."""
 
 
 class ModelUnavailable(Exception):
@@ -80,33 +62,29 @@ class ModelUnavailable(Exception):
         self.failure = failure
 
 
-class Scheduler:
+class Scheduler(DownloadRunner):
     def __init__(
         self,
         core: SchedulerCore,
         launcher: Launcher,
+        catalogue: PreparedCatalog,
         bus: EventBus | None = None,
         ledger: PidLedger | None = None,
         inbox_size: int = 1024,
         sampler: MemorySampler | None = None,
+        child_gone: Callable[[str, int], None] | None = None,
         downloads: DownloadLauncher | None = None,
     ) -> None:
-        self._core = core
-        self._launcher = launcher
-        self.bus = bus or EventBus()
-        self._ledger = ledger
-        self._send, self._recv = trio.open_memory_channel[Message](inbox_size)
+        send, recv = trio.open_memory_channel[Message](inbox_size)
+        super().__init__(core, launcher, catalogue, bus or EventBus(), ledger, sampler, send)
+        self._init_downloads(downloads)
+        self._recv = recv
         self._ids = itertools.count(1)
-        self._replies: dict[int, ReplyChannel] = {}
-        self._instances: dict[str, Instance] = {}
-        self._nursery: trio.Nursery | None = None
         self._snapshot = core.snapshot()
         self._stale = False  # the core changed since _snapshot was built
         self._watchers: list[tuple[Callable[[Snapshot], bool], trio.Event]] = []
-        self._sampler = sampler
-        self._remembered: dict[str, Mapping[str, int]] = {}
-        # Download jobs hold no child and no slot: their table lives beside the core.
-        self._downloads = DownloadSupervisor(downloads, self._send.clone())
+        # Told when a child exits, so the transport drops its connections (never raises).
+        self._child_gone = child_gone
 
     # ----- reading -------------------------------------------------------------------
 
@@ -117,8 +95,8 @@ class Scheduler:
         changes in-flight counts twice per request)."""
         if self._stale:
             self._snapshot = self._core.snapshot()
-            if self._downloads.table.views():
-                self._snapshot = attrs.evolve(self._snapshot, downloads=self._downloads.views())
+            if downloads := self._downloads.views():
+                self._snapshot = attrs.evolve(self._snapshot, downloads=downloads)
             self._stale = False
         return self._snapshot
 
@@ -130,9 +108,6 @@ class Scheduler:
     @property
     def sampler(self) -> MemorySampler | None:
         return self._sampler
-
-    def instance(self, model: str) -> Instance | None:
-        return self._instances.get(model)
 
     async def wait_until(self, predicate: Callable[[Snapshot], bool]) -> Snapshot:
         """Wait (no polling) until a published snapshot satisfies ``predicate``."""
@@ -170,19 +145,43 @@ class Scheduler:
         finally:
             await self.release(rid)
 
+    @asynccontextmanager
+    async def lease_if_ready(self, model: str) -> AsyncIterator[Grant | None]:
+        """Hold ``model`` inside the block if it is loaded right now, else yield None:
+        never waits, never loads (the resumable-stream routes, spec §10)."""
+        try:
+            rid, grant = await self.acquire(model, ready_only=True, update_last_used=False)
+        except ModelUnavailable:
+            yield None
+            return
+        try:
+            yield grant
+        finally:
+            await self.release(rid)
+
     async def acquire(
-        self, model: str, *, autoload: bool = True, update_last_used: bool = True
+        self,
+        model: str,
+        *,
+        autoload: bool = True,
+        update_last_used: bool = True,
+        ready_only: bool = False,
     ) -> tuple[int, Grant]:
         """The two halves of `lease`, for callers that must shield only the wait."""
         rid = next(self._ids)
-        if self._nursery is not None and self._core.grants_at_once(model, autoload):
+        if self._nursery is not None and self._core.grants_at_once(model, autoload, ready_only):
             # The hot path: a model that is up is leased right here, without a trip
             # through the inbox. Still the scheduler's own code changing its own core,
             # with no await in between, so nothing can interleave; and taking a lease
             # only ever removes TTL deadlines, so the loop's wait stays right.
             now = trio.current_time()
             effects = self._core.acquire(
-                rid, model, now, autoload=autoload, update_last_used=update_last_used
+                rid,
+                model,
+                now,
+                autoload=autoload,
+                update_last_used=update_last_used,
+                ready_only=ready_only,
             )
             grant = next(e.result for e in effects if isinstance(e, Reply) and e.to == rid)
             self._apply([e for e in effects if not (isinstance(e, Reply) and e.to == rid)], now)
@@ -190,7 +189,7 @@ class Scheduler:
             assert isinstance(grant, Grant)
             return rid, grant
         send, recv = trio.open_memory_channel[Grant | Failure | None](1)
-        await self._send.send(Acquire(rid, model, autoload, update_last_used, send))
+        await self._send.send(Acquire(rid, model, autoload, update_last_used, send, ready_only))
         try:
             result = await recv.receive()
         except BaseException:
@@ -214,16 +213,14 @@ class Scheduler:
     async def unload(self, model: str) -> None:
         await self._ask(lambda rid, reply: UnloadModel(rid, model, reply))
 
-    async def stop_all(self) -> None:
-        """Stop every child (each through its ladder) and return when none runs."""
-        await self._ask(StopAll)
+    async def reload(self) -> None:
+        """Re-scan the sources and reconcile the table (§6.9); returns once the new
+        catalogue is in effect. Carried out whether or not the caller waits for it."""
+        await self._ask(Reload)
 
-    async def begin_reload(self, restart: tuple[str, ...]) -> None:
-        """Hold new loads and stop ``restart``; returns at once (see `wait_until`)."""
-        await self._ask(lambda rid, reply: BeginReload(rid, restart, reply))
-
-    async def finish_reload(self, models: tuple[ModelConfig, ...]) -> None:
-        await self._ask(lambda rid, reply: FinishReload(rid, models, reply))
+    async def remove(self, model: str) -> None:
+        """``DELETE /models``: stop ``model``, delete its cache files, reload (§8)."""
+        await self._ask(lambda rid, reply: RemoveModel(rid, model, reply))
 
     async def start_download(
         self, name: str, plan: DownloadPlan | None, error: str = "", error_status: int = 0
@@ -234,8 +231,14 @@ class Scheduler:
             lambda rid, reply: StartDownload(rid, name, plan, error, error_status, reply)
         )
 
-    async def forget_downloads(self, jobs: Mapping[str, int]) -> None:
-        await self._ask(lambda rid, reply: ForgetDownloads(rid, jobs, reply))
+    async def drain(self) -> None:
+        """Shutdown's first step: every waiter is answered, no load starts, leases held
+        now may finish (see `wait_until` for in-flight counts)."""
+        await self._ask(Drain)
+
+    async def stop_all(self) -> None:
+        """Stop every child (each through its ladder) and return when none runs."""
+        await self._ask(StopAll)
 
     async def _ask(self, make: Callable[[int, ReplyChannel], Message]) -> None:
         rid = next(self._ids)
@@ -267,6 +270,8 @@ class Scheduler:
 
     def _dispatch(self, msg: Message, now: float) -> list[Effect]:
         core = self._core
+        if (effects := self._dispatch_download(msg)) is not None:
+            return effects
         match msg:
             case Acquire():
                 self._replies[msg.rid] = msg.reply
@@ -276,35 +281,33 @@ class Scheduler:
                     now,
                     autoload=msg.autoload,
                     update_last_used=msg.update_last_used,
+                    ready_only=msg.ready_only,
                 )
             case Release():
+                self._drop_reply(msg.rid)  # an asker that gave up waiting
                 return core.release(msg.rid, now)
             case LoadModel():
                 self._replies[msg.rid] = msg.reply
                 return core.load(msg.rid, msg.model, now)
-            case UnloadModel() if msg.model in self._downloads:
-                self._replies[msg.rid] = msg.reply
-                return list(self._downloads.cancel(msg.rid, msg.model))
             case UnloadModel():
                 self._replies[msg.rid] = msg.reply
                 return core.unload(msg.rid, msg.model, now)
             case StopAll():
                 self._replies[msg.rid] = msg.reply
-                self._downloads.stop_all()
+                self._downloads.stop_all()  # paused: the journal resumes them next start
                 return core.stop_all(msg.rid, now)
-            case StartDownload() | ForgetDownloads():
+            case Drain():
                 self._replies[msg.rid] = msg.reply
-                return list(self._downloads.dispatch(msg))
-            case DownloadProgress() | DownloadFinished() | DownloadFailed():
-                return list(self._downloads.dispatch(msg))
-            case BeginReload():
+                return [*core.drain(now), Reply(msg.rid, None)]
+            case Reload():
                 self._replies[msg.rid] = msg.reply
-                effects = core.begin_reload(msg.restart, now)
-                return [*effects, Reply(msg.rid, None)]
-            case FinishReload():
+                self._start_scan(msg.rid, None)
+                return []
+            case RemoveModel():
                 self._replies[msg.rid] = msg.reply
-                effects = core.finish_reload(msg.models, now)
-                return [*effects, Reply(msg.rid, None)]
+                return self._remove(msg.rid, msg.model, now)
+            case Rescanned():
+                return self._rescanned(msg, now)
             case Spawned():
                 return core.spawned(msg.model, msg.gen, msg.port, msg.pid, now)
             case ChildState():
@@ -313,6 +316,7 @@ class Scheduler:
                 inst = self._instances.get(msg.model)
                 if inst is not None and inst.gen == msg.gen:
                     del self._instances[msg.model]
+                self._forget_child(msg.model, msg.gen)
                 return core.exited(
                     msg.model,
                     msg.gen,
@@ -326,79 +330,17 @@ class Scheduler:
                 effects = core.memory_sampled(msg.sample, msg.version, now)
                 self._remember_memory()
                 return effects
+            case MemorySampleFailed():
+                return core.memory_sample_failed(msg.version, now)
         raise AssertionError(f"unknown message {msg!r}")
 
-    def _apply(self, effects: list[Effect], now: float) -> None:
-        work = list(effects)
-        while work:
-            effect = work.pop(0)
-            match effect:
-                case Spawn():
-                    work += self._spawn(effect, now)
-                case Stop():
-                    inst = self._instances.get(effect.model)
-                    if inst is not None and inst.gen == effect.gen:
-                        log.info("stopping %s (%s)", effect.model, effect.reason)
-                        inst.stop(kill=effect.kill)
-                case Reply():
-                    work += self._reply(effect, now)
-                case SampleMemory():
-                    assert self._nursery is not None
-                    self._nursery.start_soon(self._sample_memory, effect)
-                case Emit():
-                    if effect.event in ("troupe_evict", "troupe_memory"):
-                        log.info("%s: %s %s", effect.model, effect.event, effect.data)
-                    event: dict[str, Any] = {"model": effect.model, "event": effect.event}
-                    if effect.data is not None:
-                        event["data"] = effect.data
-                    self.bus.publish(event)
-
-    def _spawn(self, effect: Spawn, now: float) -> list[Effect]:
-        assert self._nursery is not None
-        try:
-            spec = self._launcher.launch_spec(effect.model)
-        except Exception as exc:  # a model that cannot be rendered fails alone
-            log.exception("cannot prepare %s", effect.model)
-            return self._core.exited(
-                effect.model, effect.gen, 1, now, expected=False, detail=f"cannot start: {exc}"
-            )
-        inst = Instance(spec, effect.gen, self._send.clone(), self._ledger)
-        self._instances[effect.model] = inst
-        self._nursery.start_soon(inst.run, effect.delay)
-        return []
-
-    def _reply(self, effect: Reply, now: float) -> list[Effect]:
-        channel = self._replies.pop(effect.to, None)
-        if channel is None:
-            return []
-        try:
-            channel.send_nowait(effect.result)
-        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-            # The asker is gone: a lease nobody will use must not stay counted in flight.
-            if isinstance(effect.result, Grant):
-                return self._core.release(effect.to, now)
-        finally:
-            channel.close()
-        return []
-
-    async def _sample_memory(self, effect: SampleMemory) -> None:
-        if self._sampler is None:
+    def _forget_child(self, model: str, gen: int) -> None:
+        if self._child_gone is None:
             return
         try:
-            sample = await self._sampler.asample(effect.pids)
-        except Exception:  # a broken reading must not take the scheduler down
-            log.exception("memory sampling failed")
-            return
-        await self._send.send(MemorySampled(sample, effect.version))
-
-    def _remember_memory(self) -> None:
-        ledger = self._core.memory
-        if ledger is None:
-            return
-        for model, used in ledger.effective.items():
-            if self._remembered.get(model) != used:
-                self._remembered[model] = dict(used)
-                self._launcher.remember_memory(model, used)
+            self._child_gone(model, gen)
+        except Exception:  # the transport's trouble must not take the scheduler down
+            self._log.exception("dropping the connections of %s failed", model)
 
     def _publish(self) -> None:
         self._stale = True

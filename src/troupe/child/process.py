@@ -4,6 +4,15 @@ The ladder (DESIGN principle 6): the exit command on stdin, wait ``stop_timeout`
 SIGTERM to the process group, wait ``term_grace``, SIGKILL to the group. It runs
 shielded, so a cancelled caller (shutdown, a client gone) never leaves a child
 half-stopped. A model still loading is killed at once: it has no request to finish.
+
+llama-server can lose the exit command: its stdin watcher starts just before its
+main loop, reads ONE command and ends; a command that lands before the loop has
+started is undone by the loop's start (it sets ``running = true`` again), and the
+watcher is gone, so sending it again never helps (measured: one swap in 16 took the
+whole 10 s stop-timeout). SIGTERM runs the same graceful shutdown through a signal
+handler that is always there, so a child that has not gone ``EXIT_NUDGE`` after the
+command gets one SIGTERM, still within ``stop_timeout``. A second SIGTERM would make
+llama-server exit at once ("terminating immediately"), which is the next rung.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ __all__ = ["kill_group", "spawn_child", "stop_child"]
 
 log = logging.getLogger(__name__)
 
-EXIT_RESEND = 1.0  # seconds between exit commands while a child takes its time
+EXIT_NUDGE = 0.25  # seconds after the exit command before the graceful SIGTERM
 
 
 async def spawn_child(
@@ -63,7 +72,8 @@ async def _send_exit_command(proc: trio.Process) -> None:
 async def stop_child(
     proc: trio.Process, *, kill: bool, stop_timeout: float, term_grace: float
 ) -> str:
-    """Stop ``proc``; returns the stage that ended it: "exited", "exit", "SIGTERM", "SIGKILL"."""
+    """Stop ``proc``; returns the stage that ended it: "exited" (already), "exit" (the
+    command), "nudge" (the graceful SIGTERM), "SIGTERM", "SIGKILL"."""
     stage = "exited"
     with trio.CancelScope(shield=True):
         stage = await _ladder(proc, kill=kill, stop_timeout=stop_timeout, term_grace=term_grace)
@@ -77,17 +87,16 @@ async def _ladder(proc: trio.Process, *, kill: bool, stop_timeout: float, term_g
         kill_group(proc.pid, signal.SIGKILL)
         await proc.wait()
         return "SIGKILL"
-    # The command is sent again every second: llama-server can drop one that arrives
-    # just as its main loop starts (it resets its stop flag), and it is idempotent.
     deadline = trio.current_time() + stop_timeout
-    while True:
-        await _send_exit_command(proc)
-        left = deadline - trio.current_time()
-        if await _wait_for(proc, min(EXIT_RESEND, max(0.0, left))):
-            return "exit"
-        if left <= EXIT_RESEND:
-            break
-    log.warning("child pid=%d ignored the exit command for %gs: SIGTERM", proc.pid, stop_timeout)
+    await _send_exit_command(proc)
+    if await _wait_for(proc, min(EXIT_NUDGE, stop_timeout)):
+        return "exit"
+    if stop_timeout > EXIT_NUDGE:
+        log.info("child pid=%d still up after the exit command: graceful SIGTERM", proc.pid)
+        kill_group(proc.pid, signal.SIGTERM)
+        if await _wait_for(proc, max(0.0, deadline - trio.current_time())):
+            return "nudge"
+    log.warning("child pid=%d still up %gs after the exit command: SIGTERM", proc.pid, stop_timeout)
     kill_group(proc.pid, signal.SIGTERM)
     if await _wait_for(proc, term_grace):
         return "SIGTERM"

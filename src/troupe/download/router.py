@@ -8,8 +8,9 @@
 * `resume`: at start-up, the journal's router entries resume from the plan they
   recorded (they show as ``downloading`` again); entries for another cache directory,
   or malformed ones, are cleaned (their partial files deleted).
-* `reload_after`: a job that ended (``downloaded``) is followed by a reload, so a
-  finished model appears under its ``org/repo:TAG`` name and a failed one disappears.
+
+A job that ended is followed by a reload (the scheduler's own), so a finished model
+appears under its ``org/repo:TAG`` name and a failed one disappears.
 
 The download child of upstream gets none of the router's command-line arguments, only
 its environment: so here ``--no-mmproj`` on the router's command line does not stop the
@@ -19,7 +20,7 @@ mmproj download, ``LLAMA_ARG_NO_MMPROJ``/``LLAMA_ARG_MMPROJ_AUTO=0`` in the envi
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -32,7 +33,6 @@ from troupe.download.journal import Journal
 from troupe.download.layout import RepoLayout
 from troupe.download.plan import DownloadPlan, PlanError
 from troupe.errors import ConfigError
-from troupe.sched.status import Status
 from troupe.sched.table import Snapshot
 
 __all__ = ["RouterDownloads"]
@@ -49,15 +49,6 @@ class _Scheduler(Protocol):
     async def start_download(
         self, name: str, plan: DownloadPlan | None, error: str = "", error_status: int = 0
     ) -> None: ...
-
-    async def forget_downloads(self, jobs: Mapping[str, int]) -> None: ...
-
-    async def wait_until(self, predicate: Callable[[Snapshot], bool]) -> Snapshot: ...
-
-
-def ended(snap: Snapshot) -> dict[str, int]:
-    """The downloads that ended and wait for their reload: name -> job."""
-    return {n: v.job for n, v in snap.downloads.items() if v.status is Status.DOWNLOADED}
 
 
 class RouterDownloads:
@@ -125,16 +116,3 @@ class RouterDownloads:
             except Exception as exc:  # ModelUnavailable: the name exists by now
                 log.warning("cannot resume %s: %s", entry.plan.name, exc)
                 self.journal.remove(entry.plan.name)
-
-    async def reload_after(
-        self, scheduler: _Scheduler, reload: Callable[[], Awaitable[None]]
-    ) -> None:
-        """Forever: once a download ended, reload the catalogue, then forget the entry."""
-        while True:
-            snap = await scheduler.wait_until(lambda s: bool(ended(s)))
-            jobs = ended(snap)
-            try:
-                await reload()
-            except Exception as exc:  # a broken preset: reload answers 500 to users too
-                log.error("reload after a download failed: %s", exc)
-            await scheduler.forget_downloads(jobs)

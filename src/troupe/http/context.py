@@ -1,11 +1,18 @@
-"""`RouterContext`: what the HTTP layer and the service share (one per running router)."""
+"""`RouterContext`: the composition root of one running router.
+
+It builds the scheduler, the transport and the memory reader, and answers the
+scheduler's questions about the outside world (how to start a model's child, how
+to read the model sources, where the cache files are). It holds no state of its
+own that the scheduler acts on: the catalogue lives in the scheduler, which swaps
+it on reload; reload and removal are messages the scheduler carries out.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -14,10 +21,11 @@ import trio
 from troupe.actors.instance import LaunchSpec
 from troupe.actors.memory import MemorySampler, ObservedStore, gpu_name
 from troupe.actors.scheduler import ModelUnavailable, Scheduler
-from troupe.catalog import Catalog, ModelEntry, build_catalog, check_startup, needs_restart
+from troupe.catalog import Catalog, ModelEntry, build_catalog, check_startup
 from troupe.catalog.facts import FactsCache
 from troupe.catalog.hfcache import cache_dir
 from troupe.catalog.memory import model_need
+from troupe.catalog.prepared import PreparedCatalog
 from troupe.catalog.removal import remove_cached
 from troupe.child.ledger import PidLedger, default_state_dir
 from troupe.download.router import RouterDownloads
@@ -26,8 +34,10 @@ from troupe.errors import ConfigError, TroupeError
 from troupe.gguf import ModelFacts
 from troupe.hardware.devices import DeviceReader
 from troupe.http.conversations import ConversationTracker
+from troupe.ops.logs import ModelLogs
+from troupe.ops.metrics import RouterMetrics
 from troupe.proxy.relay import Relay
-from troupe.sched import Failure, ModelConfig, SchedulerCore, Status
+from troupe.sched import ModelConfig, SchedulerCore
 from troupe.sched.memory import MemoryLedger
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
@@ -61,10 +71,10 @@ class RouterContext:
         self.settings = settings
         self.engine = engine
         self.table = table
-        self.catalog = catalog
+        self.cwd = catalog.cwd
         self.environ = environ
         self.facts = facts or FactsCache()
-        self._rejections = self._find_rejections(catalog)
+        self._facts_lock = threading.Lock()  # scans run in worker threads
         self.fake_timing = bool(environ.get(FAKE_TIMING_ENV))
         # Memory admission: devices read once for the estimates' layout, then sampled
         # whenever the scheduler needs a fresh reading.
@@ -74,29 +84,76 @@ class RouterContext:
         state_dir = settings.state_dir or default_state_dir()
         self.observed = ObservedStore(state_dir / "observed-memory.json")
         margin = settings.memory_margin_bytes
+        prepared = self.prepare(catalog)
         core = SchedulerCore(
-            self.model_configs(catalog),
+            prepared.configs,
             settings.models_max,
             fake_timing=self.fake_timing,
             queue_max=settings.queue_max,
             memory=MemoryLedger(margin) if margin is not None else None,
         )
         sampler = MemorySampler(self._reader) if margin is not None else None
+        # One transport for every byte sent to a child; the scheduler tells it when a
+        # child is gone, so no connection to a dead child stays open or is reused.
+        self.metrics = RouterMetrics(settings.api_prefix)  # troupe.ops: fed by the scheduler
+        self.logs = ModelLogs()  # every model's log, across its children
+        self.relay = Relay(float(settings.timeout), observe=self.metrics.observe_relay)
         token = next((v for o, v in settings.base_args if o.long_name == "--hf-token"), None)
-        self.downloads = RouterDownloads(environ, state_dir, token)
+        self.downloads = RouterDownloads(environ, state_dir, token)  # POST /models
         self.scheduler = Scheduler(
-            core, self, ledger=ledger, sampler=sampler, downloads=self.downloads
+            core,
+            self,
+            prepared,
+            ledger=ledger,
+            sampler=sampler,
+            child_gone=self.relay.forget,
+            downloads=self.downloads,
         )
-        self.relay = Relay(float(settings.timeout))
+        self.scheduler.add_listener(self.metrics.on_event)
+        self.scheduler.add_listener(self.logs.on_event)
         self.conversations = ConversationTracker()
         self.ready = False
         self.http_stop = trio.Event()
         self.http_done = trio.Event()
-        self._reload_lock = trio.Lock()
         # status.args shows the last rendered command line (port 0 before a first load).
         self._last_args: dict[str, list[str]] = {}
 
+    @property
+    def catalog(self) -> Catalog:
+        """The catalogue in effect (the scheduler's; replaced whole on reload)."""
+        return self.scheduler.catalogue.catalog
+
+    def rejection(self, entry: ModelEntry) -> str | None:
+        """Why ``entry`` cannot run as a text model (a CLIP projector file), or None.
+        Worked out once per catalogue: no file system access on the request path."""
+        return self.scheduler.catalogue.rejection(entry)
+
     # ----- Launcher (for the scheduler) ---------------------------------------------------
+
+    def prepare(self, catalog: Catalog) -> PreparedCatalog:
+        """What the scheduler needs from a fresh catalogue (reads GGUF headers)."""
+        with self._facts_lock:
+            rejections = {}
+            for entry in catalog:
+                facts = self.facts.facts(entry.model_path)
+                if isinstance(facts, ModelFacts) and facts.rejection:
+                    rejections[entry.name] = facts.rejection
+            return PreparedCatalog(catalog, tuple(self.model_configs(catalog)), rejections)
+
+    def scan(self) -> PreparedCatalog:
+        """Re-read every model source (§6.9 step 1); ConfigError when one is broken."""
+        catalog = build_catalog(
+            self.settings,
+            self.table,
+            self.environ,
+            self.cwd,
+            reload=True,
+            probe=self.facts.architecture,
+        )
+        return self.prepare(catalog)
+
+    def remove_files(self, model: str) -> bool:
+        return remove_cached(cache_dir(self.environ), model)
 
     def model_configs(self, catalog: Catalog) -> list[ModelConfig]:
         configs = []
@@ -140,6 +197,8 @@ class RouterContext:
             stop_timeout=float(entry.stop_timeout),
             term_grace=entry.term_grace,
             cwd=self.catalog.cwd,
+            load_timeout=self.settings.load_timeout,
+            log_sink=self.logs.writer(model),
         )
 
     def render_args(self, entry: ModelEntry, port: int) -> list[str]:
@@ -166,106 +225,6 @@ class RouterContext:
 
     def close(self) -> None:
         self._reader.close()
-
-    async def reload(self) -> None:
-        """``GET /models?reload=1`` (§6.9): re-scan; restart running models whose preset
-        changed or vanished, and wait for them; add new ones without loading them. A
-        broken preset answers 500 and leaves the current catalogue working."""
-        async with self._reload_lock:
-            try:
-                fresh = await trio.to_thread.run_sync(self._scan, True)
-            except ConfigError as exc:
-                raise ModelUnavailable(Failure.server_error(str(exc))) from None
-            for warning in fresh.warnings:
-                log.warning("%s", warning)
-            running = {
-                name
-                for name, view in self.scheduler.snapshot.models.items()
-                if view.status.is_running
-            }
-            restart = tuple(sorted(name for name in running if self._changed(name, fresh)))
-            if restart:
-                log.info("reload restarts %s", ", ".join(restart))
-            await self.scheduler.begin_reload(restart)
-            await self.scheduler.wait_until(
-                lambda snap: all(
-                    snap.models[n].status is Status.UNLOADED for n in restart if n in snap.models
-                )
-            )
-            self.catalog = fresh
-            self._rejections = self._find_rejections(fresh)
-            self._last_args = {k: v for k, v in self._last_args.items() if k in fresh}
-            await self.scheduler.finish_reload(tuple(self.model_configs(fresh)))
-
-    def _scan(self, reload: bool) -> Catalog:
-        return build_catalog(
-            self.settings,
-            self.table,
-            self.environ,
-            self.catalog.cwd,
-            reload=reload,
-            probe=self.facts.architecture,
-        )
-
-    def rejection(self, entry: ModelEntry) -> str | None:
-        """Why ``entry`` cannot run as a text model (a CLIP projector file), or None.
-        Worked out once per catalogue: no file system access on the request path."""
-        return self._rejections.get(entry.name)
-
-    def _find_rejections(self, catalog: Catalog) -> dict[str, str]:
-        out = {}
-        for entry in catalog:
-            facts = self.facts.facts(entry.model_path)
-            if isinstance(facts, ModelFacts) and facts.rejection:
-                out[entry.name] = facts.rejection
-        return out
-
-    def _changed(self, name: str, fresh: Catalog) -> bool:
-        old, new = self.catalog.get(name), fresh.get(name)
-        return old is None or new is None or needs_restart(old.preset, new.preset)
-
-    async def remove_cached_model(self, name: str) -> None:
-        """``DELETE /models?model=``: stop it, delete its cache files, forget it (§8).
-        Canonical names only: aliases are not resolved, as upstream."""
-        entry = self.catalog.get(name)
-        if entry is None and name in self.scheduler.snapshot.downloads:
-            await self._remove_download(name)
-            return
-        if entry is None:
-            raise ModelUnavailable(Failure.server_error(f"model name={name} is not found"))
-        if not entry.can_remove:
-            raise ModelUnavailable(
-                Failure.server_error(f"model name={name} is not removable (not from cache)")
-            )
-        view = self.scheduler.snapshot.models.get(name)
-        if view is not None and view.status.is_running:
-            with contextlib.suppress(ModelUnavailable):
-                await self.scheduler.unload(name)
-            await self.scheduler.wait_until(
-                lambda s: name not in s.models or not s.models[name].status.is_running
-            )
-        cache = cache_dir(self.environ)
-        removed = await trio.to_thread.run_sync(remove_cached, cache, name)
-        log.info(
-            "removing model name=%s from cache (%s)", name, "succeeded" if removed else "partial"
-        )
-        await self.reload()
-        self.scheduler.bus.publish({"model": name, "event": "model_remove"})
-
-    async def _remove_download(self, name: str) -> None:
-        """``DELETE`` on a download: cancel it (answered once the job ended), delete what
-        it left in the cache, forget the entry (§8)."""
-        view = self.scheduler.snapshot.downloads[name]
-        if view.status is Status.DOWNLOADING:
-            with contextlib.suppress(ModelUnavailable):  # it may have ended meanwhile
-                await self.scheduler.unload(name)
-        view = self.scheduler.snapshot.downloads.get(name, view)
-        removed = await trio.to_thread.run_sync(remove_cached, cache_dir(self.environ), name)
-        log.info(
-            "removing model name=%s from cache (%s)", name, "succeeded" if removed else "partial"
-        )
-        await self.scheduler.forget_downloads({name: view.job})
-        self.scheduler.bus.publish({"model": name, "event": "model_remove"})
 
     async def load_on_startup(self) -> None:
         """Spawn each ``load-on-startup`` model in turn, once the server listens (§6.8)."""

@@ -5,7 +5,9 @@ its model; a newer request for the same conversation, or ``DELETE /v1/stream``,
 invalidates the ticket. A request waiting under a ticket is not cancelled by its
 client going away (a page reload must not cancel the load), only by such a stop,
 which cancels the wait's scope at once rather than after the load (upstream only
-checks after). Entries never expire, as upstream.
+checks after). Upstream's entries never expire; here the table is bounded (the ids are
+chosen by clients, so an unbounded table is a memory leak anyone can drive): past
+`MAX_CONVERSATIONS` the least recently used entries not waiting are forgotten.
 
 DESIGN places the tickets in the scheduler; they live here instead because nothing in
 the model table depends on them (the scheduler only sees the lease a ticket waits for),
@@ -20,7 +22,9 @@ import itertools
 import attrs
 import trio
 
-__all__ = ["ConversationTracker"]
+__all__ = ["MAX_CONVERSATIONS", "ConversationTracker"]
+
+MAX_CONVERSATIONS = 10_000
 
 
 @attrs.define
@@ -31,16 +35,27 @@ class _Entry:
 
 
 class ConversationTracker:
-    def __init__(self) -> None:
-        self._entries: dict[str, _Entry] = {}
+    def __init__(self, limit: int = MAX_CONVERSATIONS) -> None:
+        self._entries: dict[str, _Entry] = {}  # oldest first (re-inserted on use)
         self._tickets = itertools.count(1)
+        self._limit = limit
 
     def remember(self, conv_id: str, model: str) -> int:
         """A new ticket for ``conv_id`` (replacing, and cancelling, any older wait)."""
         self._cancel(conv_id)
+        self._entries.pop(conv_id, None)
         ticket = next(self._tickets)
         self._entries[conv_id] = _Entry(model, ticket)
+        if len(self._entries) > self._limit:
+            self._trim()
         return ticket
+
+    def _trim(self) -> None:
+        for old in list(self._entries):
+            if len(self._entries) <= self._limit:
+                return
+            if self._entries[old].scope is None:  # a waiting request keeps its entry
+                del self._entries[old]
 
     def attach(self, conv_id: str, ticket: int, scope: trio.CancelScope) -> None:
         """The wait of ``ticket`` runs in ``scope``; a stop cancels it."""

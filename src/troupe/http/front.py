@@ -20,7 +20,7 @@ from troupe.http.proxy_routes import (
     handle_stream_get,
     handle_websocket,
 )
-from troupe.http.routing import Route, classify
+from troupe.http.routing import Route, classify, is_dashboard, strip_prefix
 
 __all__ = ["Front"]
 
@@ -47,6 +47,9 @@ class Front:
         keys = self.ctx.settings.api_keys
         if not keys or scope["path"] in PUBLIC_PATHS:
             return True
+        route = strip_prefix(scope["path"], self.ctx.settings.api_prefix)
+        if scope.get("method") == "GET" and route is not None and is_dashboard(route):
+            return True  # the dashboard's page asks for the key and sends it with each request
         given = header(scope, b"authorization") or header(scope, b"x-api-key") or ""
         given = given.removeprefix("Bearer ")
         return given in keys
@@ -73,7 +76,7 @@ class Front:
         elif route is Route.PROXY_GET:
             await handle_proxy_get(self.ctx, scope, receive, send)
         elif route is Route.STREAM_GET:
-            await handle_stream_get(self.ctx, scope, send)
+            await handle_stream_get(self.ctx, scope, receive, send)
         elif route is Route.LOCAL:
             await self.local(scope, receive, send)
         else:

@@ -29,7 +29,6 @@ from troupe.http.asgi import (
 )
 from troupe.http.context import RouterContext
 from troupe.http.errors import dumps, error_body, failure_body
-from troupe.http.streams import owner_of
 from troupe.proxy.relay import ChildLost
 from troupe.sched import Failure, Grant, Snapshot, Status
 from troupe.sched.base import FAKE_TIMING_DELAY
@@ -202,7 +201,10 @@ async def _lease_and_relay(
     try:
         # A conversation's wait ignores the client going away (a page reload must not
         # cancel the load); only a stop of the conversation cancels it (§6.6).
-        with trio.CancelScope(shield=bool(ticket)) as wait_scope:
+        with (
+            trio.CancelScope(shield=bool(ticket)) as wait_scope,
+            ctx.metrics.time_queue_wait(entry.name),
+        ):
             if ticket:
                 tracker.attach(conv_id, ticket, wait_scope)
             rid, grant = await acquire_within(
@@ -226,7 +228,7 @@ async def _lease_and_relay(
         await ctx.relay.relay(
             scope,
             send,
-            port=grant.port,
+            child=grant,
             body=body,
             detached=bool(ticket) and grant.waited,
             crash_detail=_crash_detail(ctx, grant.model),
@@ -264,8 +266,9 @@ async def handle_proxy_get(ctx: RouterContext, scope: Scope, receive: Receive, s
     await _serve(ctx, scope, receive, send, name, b"", update_last_used=False)
 
 
-async def handle_stream_get(ctx: RouterContext, scope: Scope, send: Send) -> None:
-    """``GET /v1/stream?conv_id=&from=``: replay from the child that owns the conversation."""
+async def handle_stream_get(ctx: RouterContext, scope: Scope, receive: Receive, send: Send) -> None:
+    """``GET /v1/stream?conv_id=&from=``: replay from the child that owns the conversation,
+    under a lease (the child cannot be evicted mid-replay), stopped if the client leaves."""
     params = query_params(scope)
     conv_id = params.get("conv_id", "")
     if not conv_id:
@@ -273,9 +276,16 @@ async def handle_stream_get(ctx: RouterContext, scope: Scope, send: Send) -> Non
             send, 400, error_body("Missing conversation id in path", "invalid_request_error")
         )
         return
-    owner = owner_of(ctx, conv_id)
-    if owner is None:
-        model = ctx.conversations.lookup(conv_id)
+    model = ctx.conversations.lookup(conv_id)
+    path = f"/v1/stream?conv_id={quote(conv_id, safe='')}"
+    if params.get("from"):
+        path += f"&from={quote(params['from'], safe='')}"
+
+    async def work() -> None:
+        async with ctx.scheduler.lease_if_ready(model or "") as grant:
+            if grant is not None:
+                await ctx.relay.relay(scope, send, child=grant, body=b"", method="GET", path=path)
+                return
         view = ctx.scheduler.snapshot.models.get(model) if model else None
         if view is not None and view.status in (
             Status.LOADING,
@@ -288,11 +298,18 @@ async def handle_stream_get(ctx: RouterContext, scope: Scope, send: Send) -> Non
             await send_response(
                 send, 404, error_body("Stream not found or expired", "not_found_error")
             )
-        return
-    path = f"/v1/stream?conv_id={quote(conv_id, safe='')}"
-    if params.get("from"):
-        path += f"&from={params['from']}"
-    await ctx.relay.relay(scope, send, port=owner.port, body=b"", method="GET", path=path)
+
+    lost: list[ChildLost] = []
+
+    async def guarded() -> None:
+        try:
+            await work()
+        except ChildLost as exc:
+            lost.append(exc)
+
+    await until_disconnect(receive, guarded)
+    if lost:
+        raise lost[0]
 
 
 async def handle_websocket(ctx: RouterContext, scope: Scope, receive: Receive, send: Send) -> None:

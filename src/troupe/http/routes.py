@@ -20,6 +20,7 @@ from troupe.http.context import RouterContext
 from troupe.http.errors import JSON_TYPE, dumps, error_body, failure_body, status_of
 from troupe.http.models_json import models_list, settled_downloads
 from troupe.http.streams import register_stream_routes
+from troupe.ops.routes import register_ops_routes
 from troupe.sched import Failure
 from troupe.sched.base import FAKE_TIMING_DELAY
 
@@ -89,7 +90,7 @@ def create_local_app(ctx: RouterContext) -> QuartTrio:
     async def models() -> Response:
         if request.args.get("reload", ""):
             try:
-                await ctx.reload()
+                await ctx.scheduler.reload()
             except ModelUnavailable as exc:
                 return _failure(exc.failure)
         await settled_downloads(ctx)
@@ -179,7 +180,7 @@ def create_local_app(ctx: RouterContext) -> QuartTrio:
         if not name:
             return _error("model must be a non-empty string", "invalid_request_error")
         try:
-            await ctx.remove_cached_model(name)
+            await ctx.scheduler.remove(name)
         except ModelUnavailable as exc:
             return _failure(exc.failure)
         return _json({"success": True})
@@ -192,4 +193,5 @@ def create_local_app(ctx: RouterContext) -> QuartTrio:
         )
 
     register_stream_routes(app, ctx)
+    register_ops_routes(app, ctx)  # /metrics, /logs/stream, the dashboard
     return app

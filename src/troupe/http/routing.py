@@ -7,11 +7,14 @@ import enum
 from troupe.http.asgi import Scope, query_params
 
 __all__ = [
+    "DASHBOARD",
     "LOCAL_ROUTES",
     "PROXY_GET_PATHS",
+    "PROXY_GET_WITH_MODEL",
     "PROXY_POST_PATHS",
     "Route",
     "classify",
+    "is_dashboard",
     "strip_prefix",
 ]
 
@@ -50,8 +53,12 @@ PROXY_POST_PATHS = frozenset(
         "/props",
     }
 )
-# GET routes whose model comes from ?model= (GET /props only when it has one).
-PROXY_GET_PATHS = frozenset({"/metrics", "/slots", "/lora-adapters"})
+# GET routes whose model comes from ?model=.
+PROXY_GET_PATHS = frozenset({"/slots", "/lora-adapters"})
+# Proxied only with ?model=; without it the router answers: GET /props (upstream), and
+# GET /metrics, troupe's own metrics (upstream answers 400 there: a deliberate deviation).
+PROXY_GET_WITH_MODEL = frozenset({"/props", "/metrics"})
+DASHBOARD = "/troupe"  # the dashboard's pages (troupe.ops.dashboard), clear of the web UI's
 
 LOCAL_ROUTES = frozenset(
     {
@@ -61,6 +68,8 @@ LOCAL_ROUTES = frozenset(
         ("GET", "/models"),
         ("GET", "/v1/models"),
         ("GET", "/models/sse"),
+        ("GET", "/metrics"),
+        ("GET", "/logs/stream"),
         ("POST", "/models"),
         ("POST", "/models/load"),
         ("POST", "/models/unload"),
@@ -99,12 +108,13 @@ def classify(method: str, path: str, prefix: str, scope: Scope) -> Route:
     if method == "POST" and (route in PROXY_POST_PATHS or _is_slot_action(route)):
         return Route.PROXY_POST
     if method == "GET" and (
-        route in PROXY_GET_PATHS or (route == "/props" and query_params(scope).get("model"))
+        route in PROXY_GET_PATHS
+        or (route in PROXY_GET_WITH_MODEL and query_params(scope).get("model"))
     ):
         return Route.PROXY_GET
     if method == "GET" and route == "/v1/stream":
         return Route.STREAM_GET
-    if (method, route) in LOCAL_ROUTES:
+    if (method, route) in LOCAL_ROUTES or (method == "GET" and is_dashboard(route)):
         return Route.LOCAL
     return Route.NOT_FOUND
 
@@ -113,3 +123,8 @@ def _is_slot_action(route: str) -> bool:
     """``POST /slots/:id_slot`` (e.g. ``?action=save``)."""
     head, _, slot_id = route.rpartition("/")
     return head == "/slots" and bool(slot_id)
+
+
+def is_dashboard(route: str) -> bool:
+    """The dashboard's page and static files (public, like the web UI: they hold no data)."""
+    return route == DASHBOARD or route.startswith(DASHBOARD + "/")

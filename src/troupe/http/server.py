@@ -16,7 +16,7 @@ from troupe.http.routes import create_local_app
 
 __all__ = ["hypercorn_config", "serve_http"]
 
-GRACEFUL_TIMEOUT = 3.0  # open requests get this long once shutdown starts
+GRACEFUL_TIMEOUT = 1.0
 
 
 def _bind(host: str, port: int) -> str:
@@ -32,6 +32,8 @@ def hypercorn_config(ctx: RouterContext) -> Config:
     config = Config()
     config.bind = [_bind(h, s.port) for h in s.hosts]
     config.include_server_header = False  # every response says "Server: llama.cpp" instead
+    # The drain already let requests in flight finish; what is left (idle keep-alive
+    # connections, a request cut at the drain deadline) gets this long.
     config.graceful_timeout = GRACEFUL_TIMEOUT
     config.keep_alive_timeout = 5
     config.read_timeout = s.timeout

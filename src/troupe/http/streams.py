@@ -1,30 +1,26 @@
-"""Resumable-stream routes: find the child that owns a conversation (spec §10)."""
+"""Resumable-stream routes: find the child that owns a conversation (spec §10).
+
+Every request to a child goes through a lease on it (so it cannot be evicted while
+asked) and the one pooled transport, with upstream's 250 ms bounds.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any
 from urllib.parse import quote
 
-import httpx
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
 from troupe.http.context import RouterContext
 from troupe.http.errors import JSON_TYPE, dumps, error_body
-from troupe.sched import ModelView, Status
 
-__all__ = ["owner_of", "register_stream_routes"]
+__all__ = ["register_stream_routes"]
 
 LOOKUP_TIMEOUT = 0.25  # seconds, upstream's STREAM_LOOKUP_TIMEOUT_MS
-
-
-def owner_of(ctx: RouterContext, conv_id: str) -> ModelView | None:
-    """The loaded model serving ``conv_id``, if any."""
-    model = ctx.conversations.lookup(conv_id) if conv_id else None
-    view = ctx.scheduler.snapshot.models.get(model) if model else None
-    return view if view is not None and view.status is Status.LOADED else None
+_SCOPE: dict[str, Any] = {"headers": [(b"content-type", b"application/json")]}
 
 
 def _error(message: str, type_: str, status: int) -> Response:
@@ -33,36 +29,41 @@ def _error(message: str, type_: str, status: int) -> Response:
 
 def register_stream_routes(app: QuartTrio, ctx: RouterContext) -> None:
     prefix = ctx.settings.api_prefix
-    client = httpx.AsyncClient(timeout=httpx.Timeout(LOOKUP_TIMEOUT))
 
-    @app.after_serving
-    async def close_client() -> None:
-        await client.aclose()
+    async def lookup_in(model: str, ids: list[str], found: list[Any]) -> None:
+        async with ctx.scheduler.lease_if_ready(model) as grant:
+            if grant is None:
+                return
+            body = dumps({"conversation_ids": ids})
+            answer = None
+            with trio.move_on_after(LOOKUP_TIMEOUT):
+                answer = await ctx.relay.fetch(_SCOPE, grant, "POST", "/v1/streams/lookup", body)
+        if answer is None or answer[0] != 200:
+            return
+        try:
+            items = json.loads(answer[1])
+        except ValueError:
+            return
+        if isinstance(items, list):
+            found += [item for item in items if isinstance(item, dict)]
 
     @app.post(prefix + "/v1/streams/lookup")
     async def streams_lookup() -> Response:
         try:
             body = json.loads(await request.get_data(as_text=True))
-        except ValueError:
+        except (ValueError, RecursionError):
             return Response(b"[]", content_type=JSON_TYPE)
         ids = body.get("conversation_ids") if isinstance(body, dict) else None
-        per_port: dict[int, list[str]] = {}
+        per_model: dict[str, list[str]] = {}
         for cid in ids if isinstance(ids, list) else []:
             if isinstance(cid, str) and cid:
-                owner = owner_of(ctx, cid)
-                if owner is not None:
-                    per_port.setdefault(owner.port, []).append(cid)
+                model = ctx.conversations.lookup(cid)
+                if model is not None:
+                    per_model.setdefault(model, []).append(cid)
         found: list[Any] = []
-        for port, group in per_port.items():
-            try:
-                resp = await client.post(
-                    f"http://127.0.0.1:{port}/v1/streams/lookup", json={"conversation_ids": group}
-                )
-                items = resp.json() if resp.status_code == 200 else []
-            except (httpx.HTTPError, ValueError):
-                continue
-            if isinstance(items, list):
-                found += [item for item in items if isinstance(item, dict)]
+        async with trio.open_nursery() as nursery:
+            for model, group in sorted(per_model.items()):
+                nursery.start_soon(lookup_in, model, group, found)
         return Response(dumps(found), content_type=JSON_TYPE)
 
     @app.delete(prefix + "/v1/stream")
@@ -70,10 +71,12 @@ def register_stream_routes(app: QuartTrio, ctx: RouterContext) -> None:
         conv_id = request.args.get("conv_id", "")
         if not conv_id:
             return _error("Missing conversation id in path", "invalid_request_error", 400)
-        owner = owner_of(ctx, conv_id)
-        if owner is not None:
-            url = f"http://127.0.0.1:{owner.port}/v1/stream?conv_id={quote(conv_id, safe='')}"
-            with contextlib.suppress(httpx.HTTPError):  # the child logs its own miss
-                await client.delete(url)
+        model = ctx.conversations.lookup(conv_id)
         ctx.conversations.forget(conv_id)  # also cancels a request parked in a load wait
+        if model is not None:
+            async with ctx.scheduler.lease_if_ready(model) as grant:
+                if grant is not None:  # the child logs its own miss; the answer is ignored
+                    target = f"/v1/stream?conv_id={quote(conv_id, safe='')}"
+                    with trio.move_on_after(LOOKUP_TIMEOUT):
+                        await ctx.relay.fetch(_SCOPE, grant, "DELETE", target, b"")
         return Response(b"", status=204, content_type="application/json")

@@ -14,9 +14,9 @@ import trio
 
 from troupe.http.asgi import Scope, Send, send_response
 from troupe.http.errors import JSON_TYPE, dumps
-from troupe.proxy.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from troupe.proxy.upstream import Child, UpstreamError, UpstreamPool, UpstreamResponse
 
-__all__ = ["Relay"]
+__all__ = ["ChildLost", "Relay"]
 
 log = logging.getLogger("troupe.proxy")
 
@@ -44,6 +44,7 @@ _DROP_RESPONSE = frozenset(
     }
 )
 CLOSE_GRACE = 2.0  # seconds to close an upstream response when the client went away
+Observe = Callable[[Scope, Send, int], Send]  # wraps one response's send (troupe.ops.metrics)
 
 
 def request_headers(scope: Scope, port: int) -> list[tuple[bytes, bytes]]:
@@ -77,43 +78,76 @@ def response_headers(upstream: UpstreamResponse) -> list[tuple[bytes, bytes]]:
 class Relay:
     """Pooled connections to every child; `relay` proxies one request."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, observe: Observe | None = None) -> None:
         # upstream: connect and read time out after --timeout (3600 s by default); a
         # long prefill sends nothing for a while, so reads get the whole of it.
         self._pool = UpstreamPool(CHILD_HOST, connect_timeout=timeout, read_timeout=timeout)
+        self._observe: Observe = observe or (lambda scope, send, body_bytes: send)
 
     async def aclose(self) -> None:
         await self._pool.aclose()
+
+    def forget(self, model: str, gen: int) -> None:
+        """The scheduler saw the child ``(model, gen)`` exit: drop its connections."""
+        self._pool.forget(model, gen)
+
+    @property
+    def idle_connections(self) -> int:
+        return self._pool.idle_count
+
+    async def fetch(
+        self, scope: Scope, child: Child, method: str, target: str, body: bytes
+    ) -> tuple[int, bytes] | None:
+        """A small whole answer from ``child``, or None when it cannot answer. Bound it
+        with a cancel scope (stream lookups and deletes get 250 ms, §10)."""
+        try:
+            upstream = await self._pool.request(
+                child, method, target, request_headers(scope, child.port), body
+            )
+            try:
+                data = b"".join([chunk async for chunk in upstream.chunks()])
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
+                    await upstream.aclose()
+        except UpstreamError as exc:
+            log.warning("request to %s failed: %s %s: %s", child.model, method, target, exc)
+            return None
+        return upstream.status_code, data
 
     async def relay(
         self,
         scope: Scope,
         send: Send,
         *,
-        port: int,
+        child: Child,
         body: bytes,
         method: str | None = None,
         path: str | None = None,
         detached: bool = False,
         crash_detail: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
-        """Send the request to the child on ``port`` and stream its answer to ``send``.
+        """Send the request to ``child`` and stream its answer to ``send``.
 
         ``detached``: the request is guaranteed to reach the child even if the client
         disconnects while the child has not answered yet (conversation requests, §6.6).
         ``crash_detail``: why the child died (its last log lines), asked for when the
         connection breaks, so the client learns more than "connection lost".
         """
+        send = self._observe(scope, send, len(body))  # metrics: status and bytes relayed
         target = path or scope.get("raw_path", b"").decode("latin-1") or scope["path"]
         if scope.get("query_string") and "?" not in target:
             target += "?" + scope["query_string"].decode("latin-1")
         try:
             with trio.CancelScope(shield=detached):
                 upstream = await self._pool.request(
-                    port, method or scope["method"], target, request_headers(scope, port), body
+                    child,
+                    method or scope["method"],
+                    target,
+                    request_headers(scope, child.port),
+                    body,
                 )
         except UpstreamError as exc:
-            log.warning("proxy error for port %d %s: %s", port, target, exc)
+            log.warning("proxy error for %s %s: %s", child.model, target, exc)
             text = f"proxy error: {exc}"
             detail = await crash_detail() if crash_detail is not None else None
             if detail:

@@ -2,8 +2,14 @@
 
 The relay's hot path. httpx cost about half of troupe's CPU per proxied request
 (bench/proxy.py): it scans its whole pool on every request and writes headers and
-body separately. Here each child port keeps a stack of idle keep-alive connections
-(the most recently used first, no scanning), and a request goes out in one write.
+body separately. Here each child keeps a stack of idle keep-alive connections (the
+most recently used first, no scanning), and a request goes out in one write.
+
+Connections are pooled per child, keyed by (model, generation), never by port: a
+port is reused by the next child, and a connection to a child that is gone must
+never be handed out again. The scheduler calls `UpstreamPool.forget` when a child
+exits, which closes that child's idle connections at once (60 swaps used to leave
+hundreds of descriptors open) and makes any still in use close when they finish.
 """
 
 from __future__ import annotations
@@ -12,11 +18,13 @@ import contextlib
 import math
 import socket
 from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
 
+import attrs
 import h11
 import trio
 
-__all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse"]
+__all__ = ["Child", "ChildRef", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
 READ_SIZE = 65536
 MAX_IDLE_PER_PORT = 64
@@ -24,6 +32,29 @@ MAX_IDLE_PER_PORT = 64
 
 class UpstreamError(Exception):
     """The child could not be reached, or broke the connection."""
+
+
+class Child(Protocol):
+    """Which child a request goes to: the scheduler's lease (`Grant`) is one."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def gen(self) -> int: ...
+
+    @property
+    def port(self) -> int: ...
+
+
+@attrs.frozen
+class ChildRef:
+    model: str
+    gen: int
+    port: int
+
+
+_Key = tuple[str, int]  # (model, generation)
 
 
 class _Connection:
@@ -52,10 +83,10 @@ class UpstreamResponse:
     """Status and headers of a child's answer; the body is read with `chunks`."""
 
     def __init__(
-        self, pool: UpstreamPool, port: int, conn: _Connection, head: h11.Response
+        self, pool: UpstreamPool, key: _Key, conn: _Connection, head: h11.Response
     ) -> None:
         self._pool = pool
-        self._port = port
+        self._key = key
         self._conn: _Connection | None = conn
         self.status_code = head.status_code
         self.headers: list[tuple[bytes, bytes]] = list(head.headers)
@@ -78,8 +109,7 @@ class UpstreamResponse:
         if conn is None:
             return
         if conn.reusable:
-            conn.h11.start_next_cycle()
-            self._pool._put(self._port, conn)
+            self._pool._put(self._key, conn)  # or closed, if that child is gone
         else:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 await conn.stream.aclose()
@@ -118,7 +148,7 @@ class _Chunks:
 
 
 class UpstreamPool:
-    """Keep-alive connections to ``127.0.0.1:<port>`` of each child."""
+    """Keep-alive connections to ``127.0.0.1:<port>`` of each child, per (model, gen)."""
 
     def __init__(
         self,
@@ -129,14 +159,35 @@ class UpstreamPool:
         self.host = host
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self._idle: dict[int, list[_Connection]] = {}
+        self._idle: dict[_Key, list[_Connection]] = {}
+        self._gone: dict[str, int] = {}  # model -> newest generation known to be gone
+        self._closed = False
 
-    def _put(self, port: int, conn: _Connection) -> None:
-        idle = self._idle.setdefault(port, [])
-        if len(idle) < MAX_IDLE_PER_PORT:
+    @property
+    def idle_count(self) -> int:
+        """Idle pooled connections, all children together (tests, metrics)."""
+        return sum(len(conns) for conns in self._idle.values())
+
+    def _is_gone(self, key: _Key) -> bool:
+        return self._closed or key[1] <= self._gone.get(key[0], -1)
+
+    def _put(self, key: _Key, conn: _Connection) -> None:
+        """Pool a finished connection; one to a child that is gone is closed instead."""
+        idle = None if self._is_gone(key) else self._idle.setdefault(key, [])
+        if idle is not None and len(idle) < MAX_IDLE_PER_PORT:
+            conn.h11.start_next_cycle()
             idle.append(conn)
         else:
             conn.stream.socket.close()
+
+    def forget(self, model: str, gen: int) -> None:
+        """The child ``(model, gen)`` (and every older one of ``model``) is gone: close
+        its idle connections now; connections still in use close when they finish."""
+        if gen > self._gone.get(model, -1):
+            self._gone[model] = gen
+        for key in [k for k in self._idle if k[0] == model and k[1] <= gen]:
+            for conn in self._idle.pop(key):
+                conn.stream.socket.close()
 
     async def _connect(self, port: int) -> _Connection:
         try:
@@ -151,7 +202,7 @@ class UpstreamPool:
 
     async def request(
         self,
-        port: int,
+        child: Child,
         method: str,
         target: str,
         headers: Sequence[tuple[bytes, bytes]],
@@ -163,22 +214,27 @@ class UpstreamPool:
         some after a stream although it said keep-alive) fails before any answer; the
         request then goes once more on a new connection.
         """
-        idle = self._idle.get(port)
+        key = (child.model, child.gen)
+        if self._is_gone(key):
+            raise UpstreamError("the model's server has exited")
+        idle = self._idle.get(key)
         if idle:
             conn = idle.pop()
+            if not idle:
+                del self._idle[key]
             try:
-                return await self._exchange(port, conn, method, target, headers, body)
+                return await self._exchange(key, conn, method, target, headers, body)
             except _Stale:
                 pass
-        conn = await self._connect(port)
+        conn = await self._connect(child.port)
         try:
-            return await self._exchange(port, conn, method, target, headers, body)
+            return await self._exchange(key, conn, method, target, headers, body)
         except _Stale as exc:
             raise UpstreamError(str(exc)) from None
 
     async def _exchange(
         self,
-        port: int,
+        key: _Key,
         conn: _Connection,
         method: str,
         target: str,
@@ -198,7 +254,7 @@ class UpstreamPool:
             while True:
                 event = await conn.next_event()
                 if isinstance(event, h11.Response):
-                    return UpstreamResponse(self, port, conn, event)
+                    return UpstreamResponse(self, key, conn, event)
                 if isinstance(event, h11.ConnectionClosed):
                     raise _Stale("the child closed the connection without answering")
                 # h11.InformationalResponse (100 Continue): keep waiting for the answer
@@ -217,6 +273,7 @@ class UpstreamPool:
             raise
 
     async def aclose(self) -> None:
+        self._closed = True
         idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:

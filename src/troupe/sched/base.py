@@ -17,7 +17,7 @@ from troupe.sched.queue import AdmissionQueue
 from troupe.sched.status import Status
 from troupe.sched.table import ModelConfig, ModelState, ModelView, Snapshot
 
-__all__ = ["CoreBase", "DirectLoad", "Lease", "Waiter"]
+__all__ = ["CoreBase", "DirectLoad", "Lease", "PendingReload", "Waiter"]
 
 FAKE_TIMING_DELAY = 2.0  # LLAMA_SERVER_DEBUG_FAKE_TIMING: seconds before each load
 DEFAULT_LOAD_SECONDS = 10.0  # a load never measured yet, for Retry-After
@@ -48,6 +48,16 @@ class DirectLoad:
     victim_gen: int = 0  # the victim's child we wait for; a newer one is not ours to wait on
 
 
+@attrs.define
+class PendingReload:
+    """A reload under way: loads wait until every model in ``restart`` is gone."""
+
+    rid: int  # the latest reload: its catalogue wins
+    rids: list[int]
+    restart: set[str]
+    models: tuple[ModelConfig, ...]
+
+
 class CoreBase:
     """State of the scheduler core; mutated only by its own event methods."""
 
@@ -73,8 +83,12 @@ class CoreBase:
         self._leases: dict[int, Lease] = {}
         self._direct: dict[int, DirectLoad] = {}
         self._stop_all: list[int] = []
-        self._closing = False
-        self._reloading = False  # loads wait while the catalogue is swapped (§6.9)
+        self._closing = False  # shutting down: no new lease, no new load
+        self._reload: PendingReload | None = None  # loads wait meanwhile (§6.9)
+        self._removals: dict[int, str] = {}  # DELETE /models waiting for the child to go
+        # A model's generations never repeat, also across a removal and a re-add by a
+        # reload: a stale lease or event from an old child must never match a new one.
+        self._last_gen: dict[str, int] = {}
         self._out: list[Effect] = []
         self._version = 0
         self._queue_seen: dict[str, tuple[int, int]] = {}  # model -> (waiters, position)
@@ -88,6 +102,7 @@ class CoreBase:
         self._mem_version = 0
         self._sampled_version = -1
         self._sampling = False
+        self._sample_failed_version = -1  # a reading of this version could not be made
 
     # ----- reading ------------------------------------------------------------------------
 
@@ -128,6 +143,9 @@ class CoreBase:
             queue=queue,
             devices=self._sample.devices if self._sample else (),
         )
+
+    def running_names(self) -> list[str]:
+        return [name for name, m in self._models.items() if m.is_running]
 
     def running_count(self) -> int:
         return sum(1 for m in self._models.values() if m.is_running)
@@ -189,8 +207,13 @@ class CoreBase:
         self._leases[rid] = Lease(m.config.name, m.gen)
         self._reply(rid, Grant(m.config.name, m.port, m.gen, waited))
 
+    @property
+    def _reloading(self) -> bool:
+        return self._reload is not None
+
     def _spawn(self, m: ModelState, now: float, delay: float) -> None:
-        m.gen += 1
+        m.gen = max(m.gen, self._last_gen.get(m.config.name, 0)) + 1
+        self._last_gen[m.config.name] = m.gen
         m.respawn_after_evictions = False  # whatever started it, an OOM retry is now moot
         m.spawn_pending = True
         m.exit_code = 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from troupe.sched.base import DirectLoad, Waiter
+from troupe.sched.base import DirectLoad, PendingReload, Waiter
 from troupe.sched.effects import Effect, Failure
 from troupe.sched.lru import pick_victim
 from troupe.sched.memory import MemorySample
@@ -35,13 +35,20 @@ class SchedulerCore(Settling):
         *,
         autoload: bool = True,
         update_last_used: bool = True,
+        ready_only: bool = False,
     ) -> list[Effect]:
-        """A request wants to use ``model``; answered now or when the model is ready."""
+        """A request wants to use ``model``; answered now or when the model is ready.
+        ``ready_only``: answered now either way, with a lease only if it is loaded."""
         m = self._models.get(model)
         if self._closing:
             self._reply(rid, Failure.unavailable("server is shutting down"))
         elif m is None or m.removed:
             self._reply(rid, Failure.server_error(f"model name={model} is not found"))
+        elif ready_only:
+            if m.status is Status.LOADED and not m.stopping:
+                self._grant(rid, m, update_last_used, now, waited=False)
+            else:
+                self._reply(rid, Failure.not_found(f"model name={model} is not loaded"))
         elif not autoload:
             # Upstream proxies to any running child without waiting, even one still loading
             # (which answers 503 itself); one not started yet has no port to proxy to.
@@ -67,11 +74,13 @@ class SchedulerCore(Settling):
             self._settle(now)
         return self._flush()
 
-    def grants_at_once(self, model: str, autoload: bool = True) -> bool:
+    def grants_at_once(self, model: str, autoload: bool = True, ready_only: bool = False) -> bool:
         """Would `acquire` answer with a lease right away (and change nothing else)?"""
         m = self._models.get(model)
         if self._closing or m is None or m.removed:
             return False
+        if ready_only:
+            return m.status is Status.LOADED and not m.stopping
         if autoload:
             return not m.stopping and m.status.is_ready_or_sleeping
         return m.status.is_running and not m.spawn_pending
@@ -146,45 +155,59 @@ class SchedulerCore(Settling):
         self._settle(now)
         return self._flush()
 
-    def begin_reload(self, restart: Iterable[str], now: float) -> list[Effect]:
-        """A reload starts: loads wait, and the running models in ``restart`` are stopped."""
-        self._reloading = True
-        for name in restart:
+    def drain(self, now: float) -> list[Effect]:
+        """Shutdown begins: requests holding a lease finish, nothing else starts. Every
+        waiter and parked load is answered at once, and loads under way are killed (no
+        one waits for them); loaded children stay up until `stop_all`."""
+        self._closing = True
+        for wid, w in list(self._waiters.items()):
+            if w.queued:
+                self._queue.leave(w.model)
+            del self._waiters[wid]
+            self._reply(wid, Failure.unavailable("server is shutting down"))
+        for did in list(self._direct):
+            del self._direct[did]
+            self._reply(did, Failure.unavailable("server is shutting down"))
+        for m in self._models.values():
+            m.respawn_after_evictions = False
+            if m.status is Status.LOADING or m.spawn_pending:
+                self._request_stop(m, "shutdown")
+        self._settle(now)
+        return self._flush()
+
+    def reload(
+        self, rid: int, restart: Iterable[str], models: Iterable[ModelConfig], now: float
+    ) -> list[Effect]:
+        """A reload (§6.9): loads wait, the running models in ``restart`` (preset changed
+        or gone) are stopped, and once none of them runs ``models`` becomes the table and
+        ``rid`` is answered. A reload asked for meanwhile is folded in: its catalogue,
+        read later, wins, and both are answered together."""
+        names = set(restart)
+        if self._reload is None:
+            self._reload = PendingReload(rid, [rid], names, tuple(models))
+        else:
+            self._reload.rid = rid
+            self._reload.rids.append(rid)
+            self._reload.restart |= names
+            self._reload.models = tuple(models)
+        for name in sorted(names):
             m = self._models.get(name)
             if m is not None:
                 self._request_stop(m, "preset changed")
         self._settle(now)
         return self._flush()
 
-    def finish_reload(self, models: Iterable[ModelConfig], now: float) -> list[Effect]:
-        """Swap in the new model list (§6.9 steps 4-8) and let loads go on."""
-        fresh = {c.name: c for c in models}
-        for name, m in list(self._models.items()):
-            if name not in fresh:
-                if m.is_running:
-                    m.removed = True  # dropped once its child is gone
-                    self._request_stop(m, "removed from the catalogue")
-                else:
-                    del self._models[name]
-        for name, config in fresh.items():
-            existing = self._models.get(name)
-            if existing is None:
-                self._models[name] = ModelState(config)
-                continue
-            m = existing
-            if self.memory is not None and m.config.fingerprint != config.fingerprint:
-                self.memory.effective.pop(name, None)  # seen under another command line
-            m.config = config
-            m.removed = False
-            if not m.is_running:
-                m.exit_code = 0  # a reload clears "failed"
-                m.crashes.clear()
-                m.held_until = None
-        if self.memory is not None:
-            for name, config in fresh.items():
-                self.memory.set_estimate(name, config.need)
-        self._reloading = False
-        self._emit("*", "models_reload")
+    def remove(self, rid: int, model: str, now: float) -> list[Effect]:
+        """``DELETE /models`` (§8): stop ``model``, then have its files deleted. From now on
+        requests for it fail as for an unknown model; the reload after the deletion
+        brings back whatever is left of it."""
+        m = self._models.get(model)
+        if m is None or m.removed:
+            self._reply(rid, Failure.server_error(f"model name={model} is not found"))
+            return self._flush()
+        m.removed = True
+        self._request_stop(m, "removed")
+        self._removals[rid] = model
         self._settle(now)
         return self._flush()
 
@@ -207,6 +230,15 @@ class SchedulerCore(Settling):
                 used = sample.footprint.get(m.pid) if m.pid else None
                 if used and m.status is Status.LOADED and not m.stopping:
                     self.memory.true_up(name, used)  # what it really holds, from now on
+        self._settle(now)
+        return self._flush()
+
+    def memory_sample_failed(self, version: int, now: float) -> list[Effect]:
+        """The reading asked for by a `SampleMemory` of ``version`` could not be made.
+        As upstream settles a failed measurement: loads waiting for it go ahead without
+        the memory check (until the next change asks for a new reading)."""
+        self._sampling = False
+        self._sample_failed_version = version
         self._settle(now)
         return self._flush()
 
@@ -301,6 +333,8 @@ class SchedulerCore(Settling):
             m.last_error = detail
         if was_running:
             self._emit(model, "status_change", {"status": "unloaded", "exit_code": code})
+            # troupe's own: did troupe ask for it, and was it OOM (metrics, logs, dashboard)
+            self._emit(model, "troupe_exit", {"exit_code": code, "expected": expected, "oom": oom})
         if oom and was_loading and not expected and self._retry_after_oom(m):
             pass  # its waiters keep waiting for the second try
         elif not expected:

@@ -6,8 +6,9 @@ core's table, queue and ledger never see it. The scheduler actor owns both and i
 only writer of either.
 
 An entry is ``downloading`` while its job runs, then ``downloaded`` (finished or
-failed) until the reload that follows forgets it (`forget`); a cancel (``POST
-/models/unload``, ``DELETE /models``) is answered when the job has ended. Two
+failed) until the reload that follows forgets it (`forget`); an unload cancels the job
+and is answered when the job has ended; a removal (``DELETE /models``) cancels it too
+and, once it ended, goes on as any removal (files deleted, then a reload). Two
 downloads that would write the same blob are refused: the second answers 400.
 """
 
@@ -21,7 +22,14 @@ import attrs
 from troupe.sched.effects import Emit, Failure, Reply
 from troupe.sched.status import Status
 
-__all__ = ["CancelJob", "DownloadEffect", "DownloadTable", "DownloadView", "StartJob"]
+__all__ = [
+    "CancelJob",
+    "DownloadEffect",
+    "DownloadTable",
+    "DownloadView",
+    "RemoveAfter",
+    "StartJob",
+]
 
 
 @attrs.frozen
@@ -41,7 +49,17 @@ class CancelJob:
     discard: bool
 
 
-DownloadEffect = StartJob | CancelJob | Emit | Reply
+@attrs.frozen
+class RemoveAfter:
+    """The job of removal ``rid`` has ended: delete ``name``'s files and reload, then
+    forget the entry (job ``job``) and answer ``rid``."""
+
+    rid: int
+    name: str
+    job: int
+
+
+DownloadEffect = StartJob | CancelJob | RemoveAfter | Emit | Reply
 
 
 @attrs.frozen
@@ -67,7 +85,8 @@ class _Entry:
     error: str | None = None
     error_status: int = 0
     cancelled: bool = False
-    waiters: list[int] = attrs.field(factory=list)
+    waiters: list[int] = attrs.field(factory=list)  # unloads, answered when it ends
+    removers: list[int] = attrs.field(factory=list)  # removals, carried on when it ends
 
     def view(self) -> DownloadView:
         return DownloadView(
@@ -150,9 +169,11 @@ class DownloadTable:
         return [Emit(name, "download_failed", data), *self._release(e)]
 
     def _release(self, e: _Entry) -> list[DownloadEffect]:
-        replies: list[DownloadEffect] = [Reply(rid, None) for rid in e.waiters]
+        out: list[DownloadEffect] = [Reply(rid, None) for rid in e.waiters]
+        out += [RemoveAfter(rid, e.name, e.job) for rid in e.removers]
         e.waiters.clear()
-        return replies
+        e.removers.clear()
+        return out
 
     def cancel(self, rid: int, name: str, *, discard: bool = True) -> list[DownloadEffect]:
         """``POST /models/unload`` (and ``DELETE``) on a download: answered once it ended."""
@@ -163,6 +184,18 @@ class DownloadTable:
             return [Reply(rid, Failure.bad_request("model is not running"))]
         e.waiters.append(rid)
         return [CancelJob(name, e.job, discard)]
+
+    def remove(self, rid: int, name: str) -> list[DownloadEffect]:
+        """``DELETE /models`` on a download: cancel it (discarding its partial files)."""
+        e = self._entries[name]
+        if e.status is not Status.DOWNLOADING:
+            return [RemoveAfter(rid, name, e.job)]
+        e.removers.append(rid)
+        return [CancelJob(name, e.job, discard=True)]
+
+    def ended(self) -> dict[str, int]:
+        """The entries whose job ended, waiting for a reload: name -> job."""
+        return {e.name: e.job for e in self._entries.values() if e.status is Status.DOWNLOADED}
 
     def cancel_all(self) -> list[DownloadEffect]:
         """Shutdown: every job stops and keeps its bytes; the next start resumes them."""

@@ -6,7 +6,18 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Effect", "Emit", "Failure", "Grant", "Reply", "SampleMemory", "Spawn", "Stop"]
+__all__ = [
+    "DeleteFiles",
+    "Effect",
+    "Emit",
+    "Failure",
+    "Grant",
+    "Reloaded",
+    "Reply",
+    "SampleMemory",
+    "Spawn",
+    "Stop",
+]
 
 
 @attrs.frozen
@@ -94,4 +105,23 @@ class Emit:
     data: dict[str, Any] | None = None
 
 
-Effect = Spawn | Stop | Reply | Emit | SampleMemory
+@attrs.frozen
+class Reloaded:
+    """The catalogue of reload ``rid`` is now the model table: swap it in before anything
+    that follows (a Spawn reads the new command lines). ``rids``: every reload it answers
+    (a reload asked for while one was under way is folded into it)."""
+
+    rid: int
+    rids: tuple[int, ...]
+
+
+@attrs.frozen
+class DeleteFiles:
+    """Removal ``rid`` (``DELETE /models``): ``model``'s child is gone; delete its files,
+    re-scan, and answer with a reload (§8)."""
+
+    rid: int
+    model: str
+
+
+Effect = Spawn | Stop | Reply | Emit | SampleMemory | Reloaded | DeleteFiles

@@ -1,9 +1,14 @@
 """The admission queue (llama.cpp's ``server_lru_sched``): one entry per model, FIFO.
 
 Requests for the same model share one entry, so they need one slot and are all
-released by the single load that entry performs. Only the head may load; an entry
-whose load succeeded stays until its waiters leave, which protects the model from
-eviction before they use it.
+released by the single load that entry performs. Entries claim slots in arrival
+order; an entry whose load succeeded stays until its waiters leave, which protects
+the model from eviction before they use it.
+
+Upstream lets only the head load: while it loads, every other entry waits, so one
+load that never finishes (a child stopped while loading) blocks every other model.
+Here the first entry that is not loading yet may claim a free slot, so loads of
+different models run in parallel while arrival order is kept among those waiting.
 """
 
 from __future__ import annotations
@@ -56,13 +61,20 @@ class AdmissionQueue:
         if entry.waiters <= 0:
             self.entries.remove(entry)
 
+    def next_to_claim(self) -> QueueEntry | None:
+        """The first entry not loading yet: the next to get a free slot."""
+        return next((e for e in self.entries if not e.loading), None)
+
     def can_claim(self, model: str) -> bool:
-        """Is it ``model``'s turn: at the head, and nobody loading it yet."""
-        return bool(self.entries) and self.entries[0].model == model and not self.entries[0].loading
+        """Is it ``model``'s turn: every entry ahead of it is loading already."""
+        entry = self.next_to_claim()
+        return entry is not None and entry.model == model
 
     def claim(self, model: str) -> None:
-        assert self.can_claim(model)
-        self.entries[0].loading = True
+        entry = self.next_to_claim()
+        assert entry is not None
+        assert entry.model == model
+        entry.loading = True
 
     def claim_failed(self, model: str) -> None:
         """Back in line: the entry keeps its place and is retried."""

@@ -7,7 +7,7 @@ the moment something changes instead of every 200 ms.
 from __future__ import annotations
 
 from troupe.sched.base import FAKE_TIMING_DELAY, CoreBase, DirectLoad, Waiter
-from troupe.sched.effects import Failure
+from troupe.sched.effects import DeleteFiles, Failure, Reloaded
 from troupe.sched.lru import evictions_needed, pick_victim
 from troupe.sched.status import Status
 from troupe.sched.table import ModelState
@@ -18,6 +18,17 @@ __all__ = ["Settling"]
 class Settling(CoreBase):
     def _settle(self, now: float) -> None:
         """Re-examine every waiter and parked load, then free slots the queue needs."""
+        pending = self._reload
+        if pending is not None and not any(
+            (m := self._models.get(n)) is not None and m.is_running for n in pending.restart
+        ):
+            self._finish_reload()
+        for rid, model in list(self._removals.items()):
+            gone = self._models.get(model)
+            if gone is None or not gone.is_running:
+                del self._removals[rid]
+                self._models.pop(model, None)
+                self._out.append(DeleteFiles(rid, model))
         busy_stopping = any(s.stopping for s in self._models.values())
         if not self._closing and not self._reloading and not busy_stopping:
             for m in list(self._models.values()):
@@ -46,6 +57,43 @@ class Settling(CoreBase):
             for rid in self._stop_all:
                 self._reply(rid, None)
             self._stop_all.clear()
+
+    def _finish_reload(self) -> None:
+        """Swap in the new model list (§6.9 steps 4-8); called by settling once every
+        model the reload stops is gone."""
+        pending = self._reload
+        assert pending is not None
+        self._reload = None
+        fresh = {c.name: c for c in pending.models}
+        for name, m in list(self._models.items()):
+            if name not in fresh:
+                if m.is_running:
+                    m.removed = True  # dropped once its child is gone
+                    self._request_stop(m, "removed from the catalogue")
+                else:
+                    del self._models[name]
+        for name, config in fresh.items():
+            existing = self._models.get(name)
+            if existing is None:
+                self._models[name] = ModelState(config)
+                continue
+            m = existing
+            if self.memory is not None and m.config.fingerprint != config.fingerprint:
+                self.memory.effective.pop(name, None)  # seen under another command line
+            m.config = config
+            if not any(r == name for r in self._removals.values()):
+                m.removed = False
+            if not m.is_running:
+                m.exit_code = 0  # a reload clears "failed"
+                m.crashes.clear()
+                m.held_until = None
+        if self.memory is not None:
+            for name, config in fresh.items():
+                self.memory.set_estimate(name, config.need)
+        self._emit("*", "models_reload")
+        self._out.append(Reloaded(pending.rid, tuple(pending.rids)))
+        for rid in pending.rids:
+            self._reply(rid, None)
 
     def _finish(self, rid: int, w: Waiter, result: Failure) -> None:
         del self._waiters[rid]
@@ -151,6 +199,10 @@ class Settling(CoreBase):
         if ledger is None or ledger.need(name) is None:
             return True  # unknown need: load without the check, learn it once it is up
         if not self._sample_fresh():
+            if self._sample_failed_version == self._mem_version:
+                warning = "loading without the memory check: memory could not be read"
+                self._emit(name, "troupe_memory", {"warning": warning})
+                return True
             self._request_sample()
             return False
         assert self._sample is not None

@@ -7,8 +7,8 @@ is structured with cattrs so a mistake names the key's path and what was expecte
     [server]   host, port, api_prefix, timeout, api_keys, api_key_file, ssl_key_file,
                ssl_cert_file, cors_origins, cors_methods, cors_headers, cors_credentials
     [models]   dir, preset, max, autoload, sleep_idle_seconds, memory_margin_mib
-    [troupe]   engine, log_level, state_dir, max_body_mib, ws_max_message_mib, queue_max,
-               queue_timeout
+    [troupe]   engine, log_level, log_format, state_dir, max_body_mib, ws_max_message_mib,
+               queue_max, queue_timeout, load_timeout, drain_timeout
     [child]    any llama-server option, forwarded to every child ("ctx-size" = 4096)
 """
 
@@ -61,11 +61,14 @@ class ModelsSection:
 class TroupeSection:
     engine: str | None = None
     log_level: str | None = None
+    log_format: str | None = None
     state_dir: str | None = None
     max_body_mib: int | None = None
     ws_max_message_mib: int | None = None
     queue_max: int | None = None
     queue_timeout: float | None = None
+    load_timeout: float | str | None = None
+    drain_timeout: float | None = None
 
 
 @attrs.frozen
@@ -102,11 +105,14 @@ _MODELS_OWN = {"memory_margin_mib": "--models-memory-margin"}
 _TROUPE = {
     "engine": "--engine",
     "log_level": "--log-level",
+    "log_format": "--log-format",
     "state_dir": "--state-dir",
     "max_body_mib": "--max-body-mib",
     "ws_max_message_mib": "--ws-max-message-mib",
     "queue_max": "--queue-max",
     "queue_timeout": "--queue-timeout",
+    "load_timeout": "--load-timeout",
+    "drain_timeout": "--drain-timeout",
 }
 
 
@@ -135,6 +141,13 @@ def _converter() -> cattrs.Converter:
         raise TypeError('expected a number of MiB or "off"')
 
     conv.register_structure_hook(int | str | None, int_or_text)
+
+    def seconds_or_off(value: Any, _: type) -> float | str | None:
+        if isinstance(value, int | float | str) and not isinstance(value, bool):
+            return value
+        raise TypeError('expected a number of seconds or "off"')
+
+    conv.register_structure_hook(float | str | None, seconds_or_off)
     return conv
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "TROUPE_OPTIONS",
     "RouterSettings",
     "build_settings",
+    "log_format",
     "with_router_options",
 ]
 
@@ -71,12 +72,15 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--engine", hint="PATH", env="TROUPE_ENGINE"),
     _opt("--config", hint="PATH", env="TROUPE_CONFIG"),
     _opt("--log-level", hint="LEVEL", env="TROUPE_LOG_LEVEL"),
+    _opt("--log-format", hint="FORMAT", env="TROUPE_LOG_FORMAT"),
     _opt("--state-dir", hint="PATH", env="TROUPE_STATE_DIR"),
     _opt("--max-body-mib", hint="N", env="TROUPE_MAX_BODY_MIB"),
     _opt("--queue-max", hint="N", env="TROUPE_QUEUE_MAX"),
     _opt("--models-memory-margin", hint="MIB", env="TROUPE_MODELS_MEMORY_MARGIN"),
     _opt("--queue-timeout", hint="SECONDS", env="TROUPE_QUEUE_TIMEOUT"),
     _opt("--ws-max-message-mib", hint="N", env="TROUPE_WS_MAX_MESSAGE_MIB"),
+    _opt("--load-timeout", hint="SECONDS", env="TROUPE_LOAD_TIMEOUT"),
+    _opt("--drain-timeout", hint="SECONDS", env="TROUPE_DRAIN_TIMEOUT"),
 )
 
 
@@ -111,11 +115,15 @@ class RouterSettings:
     ui_mcp_proxy: bool = False
     engine: str | None = None
     log_level: str = "info"
+    log_format: str = "text"  # or "json": one object per line
     state_dir: Path | None = None  # PID ledger and measurements (default: XDG state dir)
     max_body_bytes: int = 128 << 20  # a proxied request body over this gets 413
     ws_max_message_bytes: int = 16 << 20  # WebSocket message limit, both directions
     queue_max: int = 0  # requests waiting for a model at once; 0: no limit
     queue_timeout: float | None = None  # longest wait for a model; None: no limit
+    # A load that shows no progress (no output from its child) for this long is killed.
+    load_timeout: float | None = 300.0
+    drain_timeout: float = 30.0  # on SIGTERM, how long requests in flight may finish
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20
     # Every llama-server option from the command line, forwarded to children (spec §2.5).
@@ -202,6 +210,13 @@ def _non_negative(value: int, spelling: str) -> int:
     return value
 
 
+def log_format(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("text", "json"):
+        raise UsageError(f"invalid value for --log-format: '{text}' (text or json)")
+    return value
+
+
 def _margin(text: str) -> int | None:
     if text.strip().lower() == "off":
         return None
@@ -228,6 +243,20 @@ def _timeout(text: str) -> float | None:
     if not seconds > 0:
         raise UsageError(f"invalid value for --queue-timeout: '{text}' (expected seconds > 0)")
     return seconds
+
+
+def _seconds(spelling: str, text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise UsageError(f"invalid value for {spelling}: '{text}' (expected seconds)") from None
+    if not 0 < seconds < float("inf"):
+        raise UsageError(f"invalid value for {spelling}: '{text}' (expected seconds > 0)")
+    return seconds
+
+
+def _seconds_or_off(spelling: str, text: str) -> float | None:
+    return None if text.strip().lower() == "off" else _seconds(spelling, text)
 
 
 def _read_api_keys(path: Path) -> tuple[str, ...]:
@@ -318,11 +347,14 @@ def build_settings(
         ui_mcp_proxy=get.boolean("--ui-mcp-proxy", False),
         engine=own.text("--engine", "") or None,
         log_level=own.text("--log-level", "info"),
+        log_format=log_format(own.text("--log-format", "text")),
         state_dir=own.path("--state-dir"),
         max_body_bytes=_mib(own, "--max-body-mib", 128),
         ws_max_message_bytes=_mib(own, "--ws-max-message-mib", 16),
         queue_max=_non_negative(own.integer("--queue-max", 0), "--queue-max"),
         queue_timeout=_timeout(own.text("--queue-timeout", "")),
+        load_timeout=_seconds_or_off("--load-timeout", own.text("--load-timeout", "300")),
+        drain_timeout=_seconds("--drain-timeout", own.text("--drain-timeout", "30")),
         memory_margin_bytes=_margin(own.text("--models-memory-margin", "1024")),
         base_args=tuple({**(config or {}), **cli}.items()),
     )

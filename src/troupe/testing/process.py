@@ -4,6 +4,7 @@ codes, orphans)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -49,5 +50,8 @@ async def start_troupe(
     )
     started = TroupeProcess(process, "", b"")
     await started.read_log_until(b"listening on http://", within)
-    started.url = started.log.split(b"listening on ", 1)[1].split()[0].decode()
+    # The URL ends at a space, or at the quote that ends a --log-format json message.
+    found = re.search(rb'listening on (http://[^\s"]+)', started.log)
+    assert found is not None, started.log.decode(errors="replace")
+    started.url = found.group(1).decode()
     return started

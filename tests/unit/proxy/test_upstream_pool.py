@@ -9,9 +9,13 @@ import pytest
 import trio
 import trio.testing
 
-from troupe.proxy.upstream import UpstreamError, UpstreamPool
+from troupe.proxy.upstream import ChildRef, UpstreamError, UpstreamPool
 
 Handler = Callable[[trio.SocketStream, int], Awaitable[None]]
+
+
+def child(port: int, gen: int = 1) -> ChildRef:
+    return ChildRef("m", gen, port)
 
 
 async def read_request(stream: trio.SocketStream) -> bytes:
@@ -52,7 +56,7 @@ async def keep_alive(stream: trio.SocketStream, _: int) -> None:
 
 
 async def read_all(pool: UpstreamPool, port: int, body: bytes = b"") -> tuple[int, bytes]:
-    resp = await pool.request(port, "POST", "/x", [(b"host", b"h")], body)
+    resp = await pool.request(child(port), "POST", "/x", [(b"host", b"h")], body)
     data = b"".join([c async for c in resp.chunks()])
     await resp.aclose()
     return resp.status_code, data
@@ -96,7 +100,7 @@ async def test_a_break_mid_body_is_an_upstream_error() -> None:
     async with trio.open_nursery() as nursery:
         port, _ = await serve(nursery, truncated)
         pool = UpstreamPool()
-        resp = await pool.request(port, "GET", "/", [(b"host", b"h")], b"")
+        resp = await pool.request(child(port), "GET", "/", [(b"host", b"h")], b"")
         with pytest.raises(UpstreamError):
             _ = [c async for c in resp.chunks()]
         await resp.aclose()
@@ -109,7 +113,7 @@ async def test_nothing_listening_is_an_upstream_error() -> None:
         await s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: refused
         with pytest.raises(UpstreamError, match="Could not establish connection"):
-            await UpstreamPool().request(port, "GET", "/", [(b"host", b"h")], b"")
+            await UpstreamPool().request(child(port), "GET", "/", [(b"host", b"h")], b"")
 
 
 async def test_an_unfinished_answer_closes_its_connection_instead_of_pooling_it() -> None:
@@ -128,7 +132,7 @@ async def test_an_unfinished_answer_closes_its_connection_instead_of_pooling_it(
     async with trio.open_nursery() as nursery:
         port, seen = await serve(nursery, streaming)
         pool = UpstreamPool()
-        resp = await pool.request(port, "GET", "/", [(b"host", b"h")], b"")
+        resp = await pool.request(child(port), "GET", "/", [(b"host", b"h")], b"")
         async for chunk in resp.chunks():
             assert chunk.startswith(b"chunk")
             break
@@ -149,5 +153,65 @@ async def test_a_silent_child_times_out() -> None:
         port, _ = await serve(nursery, silent)
         pool = UpstreamPool(read_timeout=0.2)
         with pytest.raises(UpstreamError, match="Read timeout"):
-            await pool.request(port, "GET", "/", [(b"host", b"h")], b"")
+            await pool.request(child(port), "GET", "/", [(b"host", b"h")], b"")
         nursery.cancel_scope.cancel()
+
+
+async def test_forget_closes_the_idle_connections_of_a_child_that_is_gone() -> None:
+    closed = trio.Event()
+
+    async def keep_alive_until_closed(stream: trio.SocketStream, _: int) -> None:
+        await keep_alive(stream, _)
+        closed.set()  # the pool's side of the connection was closed
+
+    async with trio.open_nursery() as nursery:
+        port, seen = await serve(nursery, keep_alive_until_closed)
+        pool = UpstreamPool()
+        assert await read_all(pool, port) == (200, b"ok")
+        assert pool.idle_count == 1
+        pool.forget("m", 1)
+        assert pool.idle_count == 0
+        with trio.fail_after(5):
+            await closed.wait()
+        # A request for the dead child is refused without touching the network.
+        with pytest.raises(UpstreamError, match="exited"):
+            await pool.request(child(port, gen=1), "GET", "/", [(b"host", b"h")], b"")
+        # The model's next child (same port, as ports are reused) gets a fresh connection.
+        assert await read_all_gen(pool, port, gen=2) == (200, b"ok")
+        assert seen == [1, 2]
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_in_use_when_its_child_is_forgotten_is_closed_not_pooled() -> None:
+    async with trio.open_nursery() as nursery:
+        port, _ = await serve(nursery, keep_alive)
+        pool = UpstreamPool()
+        resp = await pool.request(child(port), "POST", "/x", [(b"host", b"h")], b"")
+        pool.forget("m", 1)  # the child exits while its answer is being read
+        assert b"".join([c async for c in resp.chunks()]) == b"ok"
+        await resp.aclose()
+        assert pool.idle_count == 0
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_connections_are_not_shared_between_generations_on_one_port() -> None:
+    async with trio.open_nursery() as nursery:
+        port, seen = await serve(nursery, keep_alive)
+        pool = UpstreamPool()
+        assert await read_all_gen(pool, port, gen=1) == (200, b"ok")
+        assert await read_all_gen(pool, port, gen=2) == (200, b"ok")
+        assert seen == [1, 2]  # gen 2 never got gen 1's socket
+        assert pool.idle_count == 2
+        pool.forget("m", 2)  # forgetting a generation forgets the older ones too
+        assert pool.idle_count == 0
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def read_all_gen(pool: UpstreamPool, port: int, gen: int) -> tuple[int, bytes]:
+    resp = await pool.request(child(port, gen), "POST", "/x", [(b"host", b"h")], b"")
+    data = b"".join([c async for c in resp.chunks()])
+    await resp.aclose()
+    return resp.status_code, data

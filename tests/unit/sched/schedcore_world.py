@@ -29,6 +29,7 @@ from troupe.sched import (
     Status,
     Stop,
 )
+from troupe.sched.effects import Reloaded
 from troupe.sched.lru import evictions_needed, pick_victim
 
 __all__ = ["CRASH_LIMIT", "CRASH_WINDOW", "REPORTED", "Ask", "Child", "World"]
@@ -91,6 +92,7 @@ class World:
         self.oom_retry: set[str] = set()  # models to be spawned again after an OOM death
         self.last_used: dict[str, float] = {}  # set at spawn and by each POST it serves
         self.reloading = False
+        self.restart: set[str] = set()  # models the reload under way stops
         self.out: list[Effect] = []
         self.clean = True
 
@@ -175,6 +177,8 @@ class World:
                 self.on_reply(e)
             elif isinstance(e, Emit):
                 self.on_emit(e)
+            elif isinstance(e, Reloaded):
+                self.on_reloaded(e)
             else:
                 raise AssertionError(f"unknown effect {e!r}")
         if stop_all_answered:
@@ -185,9 +189,22 @@ class World:
         self.check_nothing_left_undone()
         return effects
 
+    def on_reloaded(self, e: Reloaded) -> None:
+        """The new catalogue is in: no model the reload stopped may still run."""
+        assert self.reloading, f"{e} with no reload under way"
+        assert e.rid in e.rids, e
+        assert Emit("*", "models_reload") in self.out, self.out
+        for name in self.restart:
+            assert name not in self.children, f"{e} while {name} still runs"
+        for name in self.names:
+            if name not in self.children:
+                self.crashes[name].clear()  # a reload clears "failed" and crash counts
+        self.reloading = False
+        self.restart = set()
+
     def check_claims(self, loads_done: list[str]) -> None:
-        """A Spawn that no POST /models/load answered came from the queue: only the head
-        entry may claim, and it is marked as loading."""
+        """A Spawn that no POST /models/load answered came from the queue: only the first
+        entry not loading yet may claim (arrival order), and it is marked as loading."""
         assert self.core is not None
         entries = self.core._queue.entries
         for e in self.of_type(Spawn):
@@ -198,8 +215,10 @@ class World:
                 self.oom_retry.discard(e.model)
                 continue
             assert entries, f"{e} with nobody queued"
-            assert entries[0].model == e.model, f"{e} but the head is {entries}"
-            assert entries[0].loading, f"{e} from an entry not marked loading: {entries}"
+            idx = next((i for i, x in enumerate(entries) if x.model == e.model), None)
+            assert idx is not None, f"{e} but no entry for it: {entries}"
+            assert entries[idx].loading, f"{e} from an entry not marked loading: {entries}"
+            assert all(x.loading for x in entries[:idx]), f"{e} jumped the line: {entries}"
 
     def check_troupe_events(self) -> None:
         """troupe's own SSE events: ``troupe_evict`` with each stop the scheduler decided
@@ -276,7 +295,7 @@ class World:
             assert FAILURE_KINDS[r.status] == r.type, r
             assert ask.kind != "stop_all", e
         else:
-            assert ask.kind in ("load", "unload", "stop_all"), (ask, e)
+            assert ask.kind in ("load", "unload", "stop_all", "reload"), (ask, e)
 
     def on_emit(self, e: Emit) -> None:
         if e.event.startswith("troupe_"):
@@ -380,12 +399,13 @@ class World:
         core = self.core
         entries = core._queue.entries
         has_slot = core.models_max <= 0 or core.running_count() < core.models_max
-        if entries and not entries[0].loading and has_slot and not core._reloading:
-            m = core._models[entries[0].model]
+        first = core._queue.next_to_claim()
+        if first is not None and has_slot and not core._reloading:
+            m = core._models[first.model]
             held = m.held_until is not None and self.now < m.held_until
             retry = m.respawn_after_evictions
             if m.status is Status.UNLOADED and not m.spawn_pending and not held and not retry:
-                raise AssertionError(f"the head {entries[0]} could load now but waits")
+                raise AssertionError(f"{first} is next in line and could load now but waits")
         need = evictions_needed(core._models, core._queue, core.models_max)
         if need > 0:
             victim = pick_victim(core._models, core._queue)

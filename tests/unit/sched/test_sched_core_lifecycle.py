@@ -150,7 +150,9 @@ def test_crashes_spread_over_more_than_the_window_do_not_hold() -> None:
 
 def test_queued_waiter_gets_503_when_its_model_becomes_held_back() -> None:
     b = Bench(models_max=0, crash_limit=1, crash_window=60.0)
-    b.acquire(b.rid(), "c")  # c is the head of the queue and loads
+    b.bring_up("c")
+    b.unload(b.rid(), "c")
+    b.acquire(b.rid(), "c")  # c is stopping: its request waits in line for the next c
     w = b.rid()
     assert spawns(b.acquire(w, "a")) == []  # a waits behind c
     assert [s.model for s in spawns(b.load(b.rid(), "a"))] == ["a"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from schedcore_kit import Bench, answered, reply_to, spawns, stops
 
 from troupe.sched import ModelConfig, Spawn, Stop
+from troupe.sched.effects import Reloaded
 
 
 def _oom_while_b_idle(b: Bench) -> int:
@@ -43,11 +44,15 @@ def test_oom_retry_never_spawns_during_shutdown() -> None:
 def test_oom_retry_waits_for_a_reload_to_finish() -> None:
     b = Bench(["a", "b"])
     _oom_while_b_idle(b)
-    b.core.begin_reload([], b.tick())
-    assert spawns(b.exited("b", 0)) == []  # loads wait while the catalogue is swapped
-    configs = [b.core.snapshot().models[n] for n in ("a", "b")]
-    out = b._seen(b.core.finish_reload([ModelConfig(v.name) for v in configs], b.tick()))
-    assert spawns(out) == [Spawn("a", 2, 0.0)]
+    rid = b.rid()
+    configs = [ModelConfig(n) for n in ("a", "b")]
+    assert spawns(b._seen(b.core.reload(rid, ["b"], configs, b.tick()))) == []
+    out = b.core.exited("b", b.gen["b"], 0, b.tick(), expected=True)
+    # The reload waited for b; only then, with the new catalogue in, is a tried again.
+    assert [e for e in out if isinstance(e, Reloaded | Spawn)] == [
+        Reloaded(rid, (rid,)),
+        Spawn("a", 2, 0.0),
+    ]
 
 
 def test_oom_retry_does_not_start_a_second_child_after_an_explicit_load() -> None:

@@ -28,7 +28,7 @@ def test_waiter_sharing_a_claim_whose_spawn_failed_is_not_stranded(fake_timing: 
 
 
 def test_entry_of_a_failed_spawn_is_freed_when_its_waiters_leave() -> None:
-    b = Bench(models_max=0)
+    b = Bench(models_max=1)
     w1, w2, w3 = b.rid(), b.rid(), b.rid()
     b.acquire(w1, "a")
     b.acquire(w2, "a")
@@ -67,13 +67,16 @@ def test_eviction_reason_names_the_entry_that_needs_the_slot() -> None:
 
 
 def test_queued_request_for_a_model_a_direct_load_started_evicts_nothing() -> None:
-    # b's request waits behind a's claim; POST /models/load then starts b in a free
-    # slot. b's entry no longer needs a slot: the idle model c must stay. (Upstream's
-    # tick counts every unclaimed entry as needing one, so it shares this.)
+    # b's request waits in line behind a request for the stopping model a; POST
+    # /models/load then starts b in a free slot. b's entry no longer needs a slot: the
+    # idle model c must stay. (Upstream's tick counts every unclaimed entry as needing
+    # one, so it shares this.)
     b = Bench(models_max=3)
     b.bring_up("c")
+    b.bring_up("a")
+    b.unload(b.rid(), "a")
     wa, wb = b.rid(), b.rid()
-    assert [s.model for s in spawns(b.acquire(wa, "a"))] == ["a"]
+    assert b.acquire(wa, "a") == []  # waits for a's next instance
     assert b.acquire(wb, "b") == []
     rid = b.rid()
     out = b.load(rid, "b")
@@ -97,37 +100,37 @@ def test_queued_request_for_a_model_already_coming_up_evicts_nothing() -> None:
     assert grant_of(out, w).model == "b"
 
 
-def _x_queued_around_y(b: Bench) -> tuple[int, int, int]:
-    """h loads; x, y, x queue behind it (in that order); h comes up and x is claimed."""
-    wh, wx1, wy, wx2 = b.rid(), b.rid(), b.rid(), b.rid()
-    b.acquire(wh, "h")
-    b.acquire(wx1, "x")
-    b.acquire(wy, "y")
-    b.acquire(wx2, "x")
-    assert b.core.snapshot().queue == (("h", 1), ("x", 2), ("y", 1))
-    b.spawned("h")
-    out = b.ready("h")
-    assert [s.model for s in spawns(out)] == ["x"]
+def _x_loading_with_y_behind(b: Bench) -> tuple[int, int, int]:
+    """x loads in the only slot; y, then x again, queue behind it."""
+    wx1, wy, wx2 = b.rid(), b.rid(), b.rid()
+    assert [s.model for s in spawns(b.acquire(wx1, "x"))] == ["x"]
+    assert b.acquire(wy, "y") == []
+    assert b.acquire(wx2, "x") == []
+    assert b.core.snapshot().queue == (("x", 1), ("y", 1))  # the second x saw it loading
     b.spawned("x")
     return wx1, wy, wx2
 
 
 def test_next_entry_loads_as_soon_as_the_entry_ahead_empties() -> None:
-    # When x is ready both its waiters are granted and x's entry goes; y is the head
-    # now and nothing stops it loading (no --models-max). The wake-up must not wait
+    # x comes up and its two waiters are granted; once both leases end, x is idle and
+    # is evicted for y at once, and y spawns the moment x has exited. No step may wait
     # for some later, unrelated event.
-    b = Bench(["h", "x", "y"], models_max=0)
-    wx1, _wy, wx2 = _x_queued_around_y(b)
+    b = Bench(["x", "y"], models_max=1)
+    wx1, _wy, wx2 = _x_loading_with_y_behind(b)
     out = b.ready("x")
     assert answered(out) == {wx1, wx2}
     assert b.core.snapshot().queue == (("y", 1),)
-    assert spawns(out) == [Spawn("y", 1, 0.0)]
+    assert spawns(out) == []  # x is busy: its slot is not free yet
+    assert stops(b.release(wx1)) == []
+    (stop,) = stops(b.release(wx2))
+    assert (stop.model, stop.reason) == ("x", "lru for y")
+    assert spawns(b.finish_stop(stop)) == [Spawn("y", 1, 0.0)]
 
 
 def test_next_entry_loads_when_the_entry_ahead_fails() -> None:
     # Same, but x fails to load: no lease is left whose release would wake y later.
-    b = Bench(["h", "x", "y"], models_max=0)
-    wx1, _wy, wx2 = _x_queued_around_y(b)
+    b = Bench(["x", "y"], models_max=1)
+    wx1, _wy, wx2 = _x_loading_with_y_behind(b)
     out = b.exited("x", 1, expected=False)
     assert answered(out) == {wx1, wx2}
     assert spawns(out) == [Spawn("y", 1, 0.0)]

@@ -102,17 +102,31 @@ def test_models_queued_behind_a_busy_one_load_in_arrival_order() -> None:
     assert grant_of(b.ready("c"), wc).model == "c"
 
 
-def test_only_the_head_of_the_queue_loads_even_without_a_limit() -> None:
-    # Upstream joins the queue whatever --models-max is; try_claim always wants the head.
+def test_loads_of_different_models_run_in_parallel_when_slots_allow() -> None:
+    # Upstream lets only the head of the queue load, so one load that never ends (a
+    # child stopped while loading) blocks every other model. Here the first entry not
+    # loading yet takes a free slot: b loads while a is still loading.
     b = Bench(models_max=0)
     wa, wb = b.rid(), b.rid()
     assert [s.model for s in spawns(b.acquire(wa, "a"))] == ["a"]
-    assert spawns(b.acquire(wb, "b")) == []
+    assert [s.model for s in spawns(b.acquire(wb, "b"))] == ["b"]
+    b.spawned("b")
+    assert grant_of(b.ready("b"), wb).model == "b"
     b.spawned("a")
-    assert spawns(b.state("a", "loading", {"value": 0.0})) == []
-    out = b.ready("a")
-    assert grant_of(out, wa).model == "a"
-    assert [s.model for s in spawns(out)] == ["b"]
+    assert grant_of(b.ready("a"), wa).model == "a"
+
+
+def test_parallel_claims_keep_arrival_order_when_slots_run_out() -> None:
+    b = Bench(["a", "b", "c", "d"], models_max=2)
+    wa, wb, wc, wd = b.rid(), b.rid(), b.rid(), b.rid()
+    assert [s.model for s in spawns(b.acquire(wa, "a"))] == ["a"]
+    assert [s.model for s in spawns(b.acquire(wb, "b"))] == ["b"]
+    assert b.acquire(wc, "c") == []  # no slot: both are loading (never evicted)
+    assert b.acquire(wd, "d") == []
+    out = b.exited("a", 1, expected=False)  # a's load fails: its slot goes to c, not d
+    assert failure_of(out, wa).status == 500
+    assert [s.model for s in spawns(out)] == ["c"]
+    assert b.core.snapshot().queue == (("b", 1), ("c", 1), ("d", 1))
 
 
 def test_queued_waiter_that_leaves_before_its_load_causes_no_eviction() -> None:

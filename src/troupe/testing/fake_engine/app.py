@@ -20,7 +20,7 @@ from troupe.testing.fake_engine.generate import (
     requested_tokens,
     tokenize,
 )
-from troupe.testing.fake_engine.protocol import dumps
+from troupe.testing.fake_engine.protocol import dumps, log, srv
 from troupe.testing.fake_engine.state import EngineState, Phase
 
 __all__ = ["FakeApp"]
@@ -200,6 +200,7 @@ class FakeApp:
             data = "".join(f"data: {dumps(item)}\n\n" for item in items)
             await send({"type": "http.response.body", "body": data.encode(), "more_body": True})
 
+        finished = False
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             async for text, token in generate(cfg, n_tokens):
@@ -225,7 +226,11 @@ class FakeApp:
                 done = b"data: [DONE]\n\n"
                 await send({"type": "http.response.body", "body": done, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
+            finished = True
             nursery.cancel_scope.cancel()
+        if not finished:  # the client went away: say so as llama-server does, and how far
+            srv("stop", f"cancel task, id_task = {turn.slot}", "W")
+            log(f"fake: client disconnected after {turn.n_gen} of {n_tokens} tokens")
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Echo ``/v1/realtime``; ``{"type":"close","code":N,"reason":R}`` closes with N."""

@@ -1,0 +1,187 @@
+"""troupe's own Prometheus metrics: counters fed by the scheduler's events, gauges read
+from its snapshot at scrape time.
+
+Counters come from `Scheduler.add_listener` (every event, synchronously), never from a
+bus subscription, which drops a slow subscriber and would lose counts. The relay and
+the request path each make one call in (`observe_relay`, `queue_wait`), so both can
+move with the HTTP front. Gauges are built per scrape from the published snapshot and
+a fresh memory reading (`troupe.ops.state`), so they never go stale between events.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+
+from troupe.http.asgi import Message, Scope, Send
+from troupe.http.routing import PROXY_GET_PATHS, PROXY_POST_PATHS, strip_prefix
+
+__all__ = ["RouterMetrics", "eviction_reason", "route_label"]
+
+Event = dict[str, Any]
+
+# Loads take seconds to minutes; waits for a model as long; the first bucket catches
+# the requests that found their model up.
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+SWAP_WINDOW = 60.0  # seconds: troupe_swaps_per_minute counts the loads started in this window
+_KNOWN_ROUTES = PROXY_POST_PATHS | PROXY_GET_PATHS | {"/props", "/metrics", "/v1/stream"}
+
+
+def eviction_reason(reason: str) -> str:
+    """A bounded label for a stop troupe decided on: ``lru``, ``ttl`` or ``memory``
+    (``lru for b`` names the model that needed the slot; that stays in the log)."""
+    for label in ("lru", "ttl", "memory"):
+        if reason.startswith(label):
+            return label
+    return "other"
+
+
+def route_label(path: str, prefix: str) -> str:
+    """The proxied route, bounded: ``/slots/3`` is ``/slots/:id``, anything else ``other``."""
+    route = strip_prefix(path, prefix) or path
+    if route.startswith("/slots/"):
+        return "/slots/:id"
+    return route if route in _KNOWN_ROUTES else "other"
+
+
+class RouterMetrics:
+    """One router's counters (its own registry: several routers may share a process)."""
+
+    def __init__(self, prefix: str = "", clock: Callable[[], float] = trio.current_time) -> None:
+        self.prefix = prefix
+        self._clock = clock
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.loads = Counter(
+            "troupe_model_loads",
+            "Loads by outcome: loaded, failed (the child died before ready), cancelled "
+            "(stopped while loading)",
+            ["model", "result"],
+            registry=reg,
+        )
+        self.load_seconds = Histogram(
+            "troupe_model_load_duration_seconds",
+            "From spawn to ready, for loads that ended ready",
+            ["model"],
+            buckets=LOAD_BUCKETS,
+            registry=reg,
+        )
+        self.evictions = Counter(
+            "troupe_model_evictions",
+            "Stops troupe decided on, by reason: lru (the slot was needed), ttl, memory",
+            ["model", "reason"],
+            registry=reg,
+        )
+        self.crashes = Counter(
+            "troupe_model_crashes",
+            "Child exits troupe did not ask for (out-of-memory deaths included)",
+            ["model"],
+            registry=reg,
+        )
+        self.ooms = Counter(
+            "troupe_model_oom",
+            "Child exits whose log said it ran out of memory",
+            ["model"],
+            registry=reg,
+        )
+        self.queue_wait = Histogram(
+            "troupe_queue_wait_seconds",
+            "How long a request waited for its model, by outcome: granted, failed, cancelled",
+            ["model", "outcome"],
+            buckets=WAIT_BUCKETS,
+            registry=reg,
+        )
+        self.requests = Counter(
+            "troupe_proxied_requests",
+            "Requests relayed to a child, by route and the status answered",
+            ["route", "status"],
+            registry=reg,
+        )
+        self.bytes = Counter(
+            "troupe_relayed_bytes",
+            "Bytes relayed: request bodies to children, response bodies to clients",
+            ["route", "direction"],
+            registry=reg,
+        )
+        ProcessCollector(registry=reg)  # troupe's own CPU, memory and open fds
+        self._loading: dict[str, float] = {}  # model -> when its load started
+        self._swaps: collections.deque[float] = collections.deque()
+
+    # ----- the scheduler's events (Scheduler.add_listener) -------------------------------
+
+    def on_event(self, event: Event) -> None:
+        """Count one scheduler event; quick, never blocks, never raises on odd data."""
+        model = str(event.get("model", ""))
+        kind = event.get("event")
+        data = event.get("data")
+        data = data if isinstance(data, dict) else {}
+        now = self._clock()
+        if kind == "model_status" and data.get("status") == "loading":
+            self._loading[model] = now
+            self._swaps.append(now)
+        elif kind == "status_change" and data.get("status") == "loaded":
+            started = self._loading.pop(model, None)
+            if started is not None:  # a wake from sleep reports "loaded" too: not a load
+                self.loads.labels(model, "loaded").inc()
+                self.load_seconds.labels(model).observe(max(0.0, now - started))
+        elif kind == "troupe_exit":
+            expected = bool(data.get("expected"))
+            if self._loading.pop(model, None) is not None:
+                self.loads.labels(model, "cancelled" if expected else "failed").inc()
+            if not expected:
+                self.crashes.labels(model).inc()
+            if data.get("oom"):
+                self.ooms.labels(model).inc()
+        elif kind == "troupe_evict":
+            self.evictions.labels(model, eviction_reason(str(data.get("reason", "")))).inc()
+
+    def swaps_per_minute(self) -> int:
+        """Loads started in the last minute."""
+        horizon = self._clock() - SWAP_WINDOW
+        while self._swaps and self._swaps[0] <= horizon:
+            self._swaps.popleft()
+        return len(self._swaps)
+
+    # ----- the request path --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def time_queue_wait(self, model: str) -> Iterator[None]:
+        """Around a request's wait for its model (a lease's acquire)."""
+        started = self._clock()
+        outcome = "granted"
+        try:
+            yield
+        except trio.Cancelled:
+            outcome = "cancelled"
+            raise
+        except BaseException:
+            outcome = "failed"
+            raise
+        finally:
+            self.queue_wait.labels(model, outcome).observe(max(0.0, self._clock() - started))
+
+    def observe_relay(self, scope: Scope, send: Send, body_bytes: int) -> Send:
+        """``send`` for one relayed response, counting its status and the bytes sent."""
+        route = route_label(str(scope.get("path", "")), self.prefix)
+        if body_bytes:
+            self.bytes.labels(route, "request").inc(body_bytes)
+        sent = self.bytes.labels(route, "response")
+        requests = self.requests
+
+        async def counting_send(message: Message) -> None:
+            kind = message["type"]
+            if kind == "http.response.body":
+                size = len(message.get("body", b""))
+                if size:
+                    sent.inc(size)
+            elif kind == "http.response.start":
+                requests.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        return counting_send

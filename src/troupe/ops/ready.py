@@ -1,0 +1,31 @@
+"""The one line ``troupe serve`` logs once it serves: what it runs and how (for the journal)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from troupe.http.context import RouterContext
+
+__all__ = ["ready_line"]
+
+MAX_NAMES = 12  # models named in the line; the rest are counted
+
+
+def ready_line(ctx: RouterContext, urls: Sequence[str]) -> str:
+    s = ctx.settings
+    names = [e.name for e in ctx.catalog]
+    shown = ", ".join(names[:MAX_NAMES]) + (
+        f", +{len(names) - MAX_NAMES}" if len(names) > MAX_NAMES else ""
+    )
+    margin = "off" if s.memory_margin_bytes is None else f"{s.memory_margin_bytes >> 20} MiB"
+    first = urls[0].rstrip("/") + s.api_prefix if urls else ""
+    parts = [
+        f"ready: {len(names)} models ({shown})" if names else "ready: no models",
+        f"models-max {s.models_max or 'unlimited'}",
+        f"memory margin {margin}",
+        f"queue-max {s.queue_max or 'unlimited'}",
+        "api key required" if s.api_keys else "no api key",
+        "listening on " + " ".join(urls),
+        f"dashboard {first}/troupe/, metrics {first}/metrics",
+    ]
+    return "; ".join(parts)

@@ -1,0 +1,410 @@
+// troupe's dashboard: a card per model, live from /models/sse and /models, a log tail per
+// model from /logs/stream, and two charts from /metrics. Plain script, no build step.
+//
+// Every data route may need the API key, and a browser's EventSource cannot send an
+// Authorization header, so streams are read with fetch() and the key (asked for once,
+// kept in sessionStorage) goes with every request.
+"use strict";
+(() => {
+  const BASE = location.pathname.replace(/\/troupe(\/.*)?$/, ""); // the --api-prefix, if any
+  const KEY_STORE = "troupe-api-key";
+  const LOG_LINES = 200; // kept per model in the page
+  const CHART_POINTS = 150; // 5 minutes at one sample every 2 s
+  const METRICS_EVERY = 2000;
+  const MODELS_EVERY = 3000; // in-flight counts change without an event
+  const GIB = 1024 ** 3;
+
+  let apiKey = sessionStorage.getItem(KEY_STORE) || "";
+  let session = null; // the AbortController of the running streams and polls
+  const cards = new Map(); // model -> {root, fields}
+  const logs = new Map(); // model -> {lines: [], lastSeq}
+  const $ = (id) => document.getElementById(id);
+
+  class NeedKey extends Error {}
+
+  // ----- HTTP ------------------------------------------------------------------------
+
+  async function api(path, options = {}) {
+    const headers = Object.assign({}, options.headers || {});
+    if (apiKey) headers.Authorization = "Bearer " + apiKey;
+    const resp = await fetch(BASE + path, Object.assign({}, options, { headers }));
+    if (resp.status === 401) throw new NeedKey("the API key was refused");
+    return resp;
+  }
+
+  async function errorText(resp) {
+    try {
+      const body = await resp.json();
+      return (body.error && body.error.message) || "HTTP " + resp.status;
+    } catch (_) {
+      return "HTTP " + resp.status;
+    }
+  }
+
+  // Server-sent events through fetch: calls onEvent(name, data) for each event.
+  async function readEvents(path, onEvent, onOpen, signal) {
+    const resp = await api(path, { signal, headers: { Accept: "text/event-stream" } });
+    if (!resp.ok) throw new Error(path + ": " + (await errorText(resp)));
+    onOpen();
+    const reader = resp.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += decoder.decode(value, { stream: true });
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        let name = "message";
+        const data = [];
+        for (const line of block.split("\n")) {
+          if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+          else if (line.startsWith("event:")) name = line.slice(6).trim();
+        }
+        if (data.length) onEvent(name, data.join("\n"));
+      }
+    }
+  }
+
+  // Keep a stream open: reconnect a second after it ends or fails.
+  async function follow(path, onEvent, onOpen, signal) {
+    while (!signal.aborted) {
+      try {
+        await readEvents(path, onEvent, onOpen, signal);
+      } catch (err) {
+        if (err instanceof NeedKey) return askForKey(err.message);
+      }
+      if (signal.aborted) return;
+      setConnection("retrying");
+      await sleep(1000);
+    }
+  }
+
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  // ----- the key -----------------------------------------------------------------------
+
+  function askForKey(message) {
+    if (session) session.abort();
+    session = null;
+    setConnection("key");
+    $("key-form").hidden = false;
+    $("key-error").textContent = apiKey ? message : "";
+    $("key-input").focus();
+  }
+
+  $("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    apiKey = $("key-input").value.trim();
+    sessionStorage.setItem(KEY_STORE, apiKey);
+    $("key-form").hidden = true;
+    start();
+  });
+
+  $("forget-key").addEventListener("click", () => {
+    sessionStorage.removeItem(KEY_STORE);
+    location.reload();
+  });
+
+  function setConnection(state) {
+    const el = $("connection");
+    el.dataset.state = state;
+    el.textContent = { live: "live", connecting: "connecting", retrying: "reconnecting",
+                       key: "API key needed" }[state];
+  }
+
+  function showError(message) {
+    $("error").hidden = !message;
+    $("error").textContent = message || "";
+  }
+
+  // ----- model cards -------------------------------------------------------------------
+
+  function bytes(perDevice) {
+    if (!perDevice) return "-";
+    const size = (n) => n >= GIB ? (n / GIB).toFixed(2) + " GiB" : (n / 2 ** 20).toFixed(1) + " MiB";
+    const parts = Object.entries(perDevice).map(([dev, n]) => `${dev} ${size(n)}`);
+    return parts.length ? parts.join(", ") : "-";
+  }
+
+  function card(model) {
+    let found = cards.get(model);
+    if (found) return found;
+    const root = $("card-template").content.firstElementChild.cloneNode(true);
+    root.dataset.model = model;
+    const field = (cls) => root.querySelector("." + cls);
+    found = { root, field };
+    field("name").textContent = model;
+    field("load").addEventListener("click", () => act("/models/load", model, found));
+    field("unload").addEventListener("click", () => act("/models/unload", model, found));
+    cards.set(model, found);
+    $("models").appendChild(root);
+    renderLog(model);
+    return found;
+  }
+
+  function setStatus(c, status) {
+    const el = c.field("status");
+    el.textContent = status;
+    el.dataset.status = status;
+    c.root.dataset.status = status;
+    const running = ["loading", "loaded", "sleeping"].includes(status);
+    c.field("load").disabled = running;
+    c.field("unload").disabled = !running;
+    if (status !== "loading") c.field("progress").hidden = true;
+  }
+
+  async function act(path, model, c) {
+    c.field("action-error").textContent = "";
+    try {
+      const resp = await api(path, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ model }),
+      });
+      if (!resp.ok) c.field("action-error").textContent = await errorText(resp);
+    } catch (err) {
+      if (err instanceof NeedKey) return askForKey(err.message);
+      c.field("action-error").textContent = String(err);
+    }
+    refreshSoon();
+  }
+
+  function renderModels(items) {
+    const seen = new Set();
+    for (const item of items) {
+      seen.add(item.id);
+      const c = card(item.id);
+      const extra = item.troupe || {};
+      setStatus(c, item.status.value);
+      c.root.dataset.failed = String(Boolean(item.status.failed));
+      c.field("in-flight").textContent = extra.in_flight ?? 0;
+      const position = extra.queue_position ? ` (queue position ${extra.queue_position})` : "";
+      c.field("waiting").textContent = (extra.waiting ?? 0) + position;
+      const memory = extra.memory || {};
+      c.field("memory-need").textContent = bytes(memory.need_bytes);
+      c.field("memory-used").textContent = bytes(memory.used_bytes);
+      const load = extra.last_load_seconds;
+      c.field("last-load").textContent = load == null ? "-" : load.toFixed(2) + " s";
+      c.field("last-eviction").textContent = extra.last_eviction || "-";
+      const error = c.field("last-error");
+      error.hidden = !extra.last_error;
+      error.textContent = extra.last_error ? "last error: " + extra.last_error : "";
+    }
+    for (const [model, c] of cards) {
+      if (!seen.has(model)) {
+        c.root.remove();
+        cards.delete(model);
+      }
+    }
+  }
+
+  async function refresh() {
+    try {
+      const resp = await api("/models");
+      if (!resp.ok) throw new Error("/models: " + (await errorText(resp)));
+      renderModels((await resp.json()).data);
+      showError("");
+    } catch (err) {
+      if (err instanceof NeedKey) return askForKey(err.message);
+      showError(String(err));
+    }
+  }
+
+  let refreshTimer = null;
+  function refreshSoon() {
+    if (refreshTimer === null) {
+      refreshTimer = setTimeout(() => {
+        refreshTimer = null;
+        refresh();
+      }, 100);
+    }
+  }
+
+  function onModelEvent(_name, data) {
+    const event = JSON.parse(data);
+    const c = event.model && cards.get(event.model);
+    const payload = event.data || {};
+    if (c && payload.status) setStatus(c, payload.status);
+    if (c && payload.status === "loading") {
+      const bar = c.field("progress");
+      bar.hidden = false;
+      bar.value = payload.progress && typeof payload.progress.value === "number"
+        ? payload.progress.value : 0;
+    }
+    refreshSoon();
+  }
+
+  // ----- logs ----------------------------------------------------------------------------
+
+  function onLogEvent(name, data) {
+    if (name !== "message") return; // "missed": lines this page read too slowly to see
+    const line = JSON.parse(data);
+    let log = logs.get(line.model);
+    if (!log) logs.set(line.model, (log = { lines: [], lastSeq: 0 }));
+    if (line.seq <= log.lastSeq) return; // replayed history after a reconnect
+    log.lastSeq = line.seq;
+    log.lines.push(line);
+    if (log.lines.length > LOG_LINES) log.lines.splice(0, log.lines.length - LOG_LINES);
+    scheduleLogRender(line.model);
+  }
+
+  const dirtyLogs = new Set();
+  function scheduleLogRender(model) {
+    if (dirtyLogs.size === 0) requestAnimationFrame(() => {
+      for (const m of dirtyLogs) renderLog(m);
+      dirtyLogs.clear();
+    });
+    dirtyLogs.add(model);
+  }
+
+  function renderLog(model) {
+    const c = cards.get(model);
+    const log = logs.get(model) || { lines: [] };
+    if (!c) return;
+    const pre = c.field("log");
+    const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    const fragment = document.createDocumentFragment();
+    for (const line of log.lines) {
+      const row = document.createElement("div");
+      row.className = line.source;
+      const time = new Date(line.time * 1000).toLocaleTimeString();
+      row.textContent = `${time} ${line.source === "troupe" ? "[troupe] " : ""}${line.text}`;
+      fragment.appendChild(row);
+    }
+    pre.replaceChildren(fragment);
+    if (atBottom) pre.scrollTop = pre.scrollHeight;
+  }
+
+  // ----- charts from /metrics -------------------------------------------------------------
+
+  function parseMetrics(text) {
+    const out = [];
+    for (const line of text.split("\n")) {
+      if (!line || line.startsWith("#")) continue;
+      const m = line.match(/^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)/);
+      if (!m) continue;
+      const labels = {};
+      for (const l of (m[2] || "").matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]] = l[2];
+      out.push({ name: m[1], labels, value: Number(m[3]) });
+    }
+    return out;
+  }
+
+  const COLOURS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"];
+  const charts = { memory: null, requests: null };
+  const history = { t: [], devices: new Map(), rps: [], inFlight: [] };
+  let lastRequests = null;
+
+  function makeChart(el, labels) {
+    const series = [{}].concat(labels.map((label, i) => ({
+      label, stroke: COLOURS[i % COLOURS.length], width: 2, spanGaps: true })));
+    return new uPlot({ width: el.clientWidth || 400, height: 170, series,
+                       scales: { x: { time: true } }, legend: { live: false } },
+                     [[]].concat(labels.map(() => [])), el);
+  }
+
+  function push(list, value) {
+    list.push(value);
+    if (list.length > CHART_POINTS) list.shift();
+  }
+
+  function recordMetrics(samples, now) {
+    const value = (name, match = {}) => samples
+      .filter((s) => s.name === name && Object.entries(match).every(([k, v]) => s.labels[k] === v))
+      .reduce((sum, s) => sum + s.value, 0);
+    const totals = samples.filter((s) => s.name === "troupe_device_memory_total_bytes");
+    push(history.t, now);
+    for (const total of totals) {
+      const dev = total.labels.device;
+      if (!history.devices.has(dev)) history.devices.set(dev, history.t.slice(0, -1).map(() => null));
+      const free = value("troupe_device_memory_free_bytes", { device: dev });
+      push(history.devices.get(dev), (total.value - free) / GIB);
+    }
+    for (const [dev, list] of history.devices) {
+      if (!totals.some((t) => t.labels.device === dev)) push(list, null);
+    }
+    const requests = value("troupe_proxied_requests_total");
+    const rate = lastRequests ? (requests - lastRequests.n) / Math.max(0.001, now - lastRequests.t) : 0;
+    lastRequests = { n: requests, t: now };
+    push(history.rps, Math.max(0, rate));
+    push(history.inFlight, value("troupe_model_in_flight"));
+    const running = value("troupe_models_running");
+    const max = value("troupe_models_max");
+    $("summary").textContent = `${cards.size} models, ${running} running` +
+      (max ? ` (at most ${max})` : "") + `, ${value("troupe_queue_depth")} queued`;
+  }
+
+  function drawCharts() {
+    const devices = [...history.devices.keys()];
+    if (!charts.memory || charts.memory.series.length !== devices.length + 1) {
+      if (charts.memory) charts.memory.destroy();
+      charts.memory = makeChart($("chart-memory"), devices);
+    }
+    charts.memory.setData([history.t, ...devices.map((d) => history.devices.get(d))]);
+    if (!charts.requests) charts.requests = makeChart($("chart-requests"), ["req/s", "in flight"]);
+    charts.requests.setData([history.t, history.rps, history.inFlight]);
+  }
+
+  async function pollMetrics(signal) {
+    while (!signal.aborted) {
+      try {
+        const resp = await api("/metrics", { signal });
+        if (resp.ok) {
+          recordMetrics(parseMetrics(await resp.text()), Date.now() / 1000);
+          drawCharts();
+        }
+      } catch (err) {
+        if (err instanceof NeedKey) return askForKey(err.message);
+      }
+      await sleep(METRICS_EVERY);
+    }
+  }
+
+  window.addEventListener("resize", () => {
+    for (const [name, chart] of Object.entries(charts)) {
+      const el = $(name === "memory" ? "chart-memory" : "chart-requests");
+      if (chart) chart.setSize({ width: el.clientWidth, height: 170 });
+    }
+  });
+
+  // ----- start ---------------------------------------------------------------------------
+
+  async function start() {
+    if (session) return;
+    const controller = (session = new AbortController());
+    const signal = controller.signal;
+    setConnection("connecting");
+    try {
+      const resp = await api("/models");
+      if (!resp.ok) throw new Error("/models: " + (await errorText(resp)));
+      renderModels((await resp.json()).data);
+    } catch (err) {
+      if (err instanceof NeedKey) return askForKey(err.message);
+      showError(String(err));
+    }
+    if (signal.aborted) return;
+    $("key-error").textContent = "";
+    $("forget-key").hidden = !apiKey;
+    const live = () => {
+      setConnection("live");
+      refreshSoon(); // whatever changed while the stream was down
+    };
+    follow("/models/sse", onModelEvent, live, signal);
+    follow("/logs/stream", onLogEvent, () => {
+      logs.clear(); // the stream starts with the recent lines again
+      for (const model of cards.keys()) scheduleLogRender(model);
+    }, signal);
+    pollMetrics(signal);
+    (async () => {
+      while (!signal.aborted) {
+        await sleep(MODELS_EVERY);
+        if (!signal.aborted) refresh();
+      }
+    })();
+  }
+
+  start();
+})();
