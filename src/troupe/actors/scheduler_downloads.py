@@ -64,9 +64,10 @@ class DownloadRunner(EffectRunner):
             case DownloadProgress():
                 return self._download_effects(self._downloads.dispatch(msg))
             case DownloadFinished() | DownloadFailed():
-                effects = self._download_effects(self._downloads.dispatch(msg))
-                self._reload_after_download()
-                return effects
+                out = self._downloads.dispatch(msg)
+                if not any(isinstance(e, RemoveAfter) for e in out):
+                    self._reload_after_download()  # else the removal's own reload does it
+                return self._download_effects(out)
         return None
 
     def _download_effects(self, out: Sequence[Effect | RemoveAfter]) -> list[Effect]:
@@ -75,7 +76,7 @@ class DownloadRunner(EffectRunner):
             if isinstance(item, RemoveAfter):
                 # Its job has ended: from here on it is a removal as any other (delete the
                 # files, re-scan, reload, model_remove), and its entry goes with that reload.
-                self._download_reloads[item.rid] = {item.name: item.job}
+                self._download_reloads[item.rid] = {**self._downloads.ended(), item.name: item.job}
                 self._removing[item.rid] = item.name
                 self._start_scan(item.rid, item.name)
             else:
