@@ -38,10 +38,12 @@ from troupe.gguf.facts import shard_paths
 
 __all__ = ["ImportPlan", "plan_import", "run_import", "valid_name"]
 
-USAGE = (
-    "usage: troupe import PATH [--models-dir DIR] [--name NAME] [--mmproj FILE] [--link]\n"
-    "  (--models-dir defaults to $LLAMA_ARG_MODELS_DIR)"
-)
+USAGE = "usage: troupe import PATH [--models-dir DIR] [--name NAME] [--mmproj FILE] [--link]"
+HELP = f"""{USAGE}
+
+Copies (or with --link, symlinks) a local GGUF model, and its mmproj if one lies beside
+it, into a models directory (default: $LLAMA_ARG_MODELS_DIR), after checking that it
+is a readable GGUF model and not a lone projector."""
 _NAME = re.compile(r"[A-Za-z0-9_.-]+\Z")
 _MAGIC = b"GGUF"
 
@@ -175,7 +177,7 @@ def _parse(args: Sequence[str]) -> tuple[Path, Path, str | None, Path | None, bo
         elif arg == "--link":
             link = True
         elif arg.startswith("-"):
-            raise UsageError(f"unknown flag '{arg}'\n{USAGE}")
+            raise UsageError(f"unknown flag '{arg}' ({USAGE})")
         else:
             paths.append(arg)
     if len(paths) != 1:
@@ -189,7 +191,7 @@ def _parse(args: Sequence[str]) -> tuple[Path, Path, str | None, Path | None, bo
 
 def run_import(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
-        print(USAGE)
+        print(HELP)
         return 0
     source, models_dir, name, mmproj, link = _parse(args)
     plan = plan_import(source, models_dir, name=name, mmproj=mmproj, link=link)

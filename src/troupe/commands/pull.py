@@ -58,6 +58,7 @@ class Progress:
         self.base: int | None = None  # bytes already on disk when this run began
         self.last_line = -math.inf
         self.done = self.total = 0
+        self.printed = -1  # bytes shown by the last plain line
 
     def rate(self) -> float:
         elapsed = self.clock() - self.start
@@ -83,8 +84,20 @@ class Progress:
             self.out.write(f"\r{self.name} [{bar}] {self.line()}\x1b[K")
             self.out.flush()
         elif self.clock() - self.last_line >= PLAIN_EVERY or self.done == self.total:
-            self.last_line = self.clock()
-            print(f"{self.name}: {self.line()}", file=self.out, flush=True)
+            self._plain()
+
+    def _plain(self) -> None:
+        self.last_line = self.clock()
+        self.printed = self.done
+        print(f"{self.name}: {self.line()}", file=self.out, flush=True)
+
+    async def tick(self) -> None:
+        """Plain lines: one every `PLAIN_EVERY` seconds while bytes arrive, even when the
+        reports that carried them came too soon after the last line."""
+        while True:
+            await trio.sleep(PLAIN_EVERY)
+            if not self.tty and self.base is not None and self.done != self.printed:
+                self._plain()
 
     def end(self) -> None:
         if self.tty:
@@ -142,6 +155,7 @@ async def _pull(name: str, token: str, state_dir: Path, mmproj: bool) -> int:
     progress = Progress(name, sys.stderr)
     interrupted = False
     plan: DownloadPlan | None = None
+    failure: TroupeError | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
@@ -153,6 +167,7 @@ async def _pull(name: str, token: str, state_dir: Path, mmproj: bool) -> int:
                     return
 
             nursery.start_soon(on_signal)
+            nursery.start_soon(progress.tick)
             try:
                 async with open_client(token) as client:
                     plan = await _plan(HubClient(client, endpoint), journal, name, cache, mmproj)
@@ -162,13 +177,13 @@ async def _pull(name: str, token: str, state_dir: Path, mmproj: bool) -> int:
                     )  # fmt: skip
                     await job.run()
             except (HubError, PlanError, ChecksumError, BusyError) as exc:
-                progress.end()
-                raise TroupeError(f"cannot download {name}: {exc}") from None
+                failure = TroupeError(f"cannot download {name}: {exc}")
             except OSError as exc:
-                progress.end()
-                raise TroupeError(f"cannot write {cache}: {exc}") from None
+                failure = TroupeError(f"cannot write {cache}: {exc}")
             nursery.cancel_scope.cancel()
     progress.end()
+    if failure is not None:  # raised out here, not as an exception group
+        raise failure
     if interrupted:
         kept = f"{human_bytes(progress.done)} of {human_bytes(progress.total)}"
         print(f"interrupted: {kept} kept; run `troupe pull {name}` again to resume")
