@@ -68,9 +68,9 @@ def test_a_model_repo_is_run_by_the_engine_itself(
     hub: Hub, hub_env: dict[str, str], fake_engine_path: Path, tiny_files: dict[str, Path]
 ) -> None:
     hub.add_repo("org/tiny", {"m-Q4_K_M.gguf": tiny_files["m-Q4_K_M.gguf"]})
+    argv = ["serve", "--engine", str(fake_engine_path), "-hf", "org/tiny", "--version"]
     done = subprocess.run(
-        [sys.executable, "-m", "troupe", "serve", "--engine", str(fake_engine_path)]
-        + ["-hf", "org/tiny", "--version"],
+        [sys.executable, "-m", "troupe", *argv],
         capture_output=True,
         text=True,
         timeout=60,
@@ -79,7 +79,7 @@ def test_a_model_repo_is_run_by_the_engine_itself(
     )
     assert done.returncode == 0, done.stderr
     assert "fake" in done.stdout + done.stderr  # the engine ran, with troupe's arguments
-    assert [r.path for r in hub.requests if r.method == "GET"][0] == "/api/models/org/tiny/refs"
+    assert next(r.path for r in hub.requests if r.method == "GET") == "/api/models/org/tiny/refs"
     assert not list(Path(hub_env["LLAMA_CACHE"]).glob("models--org--tiny/snapshots/*/*"))
 
 
@@ -89,15 +89,14 @@ async def test_offline_the_cached_preset_is_used(
     preset = "[one]\nmodel = one.gguf\n"
     (tmp_path / "one.gguf").touch()  # the fake engine only checks that it exists
     hub.add_repo("org/presets", {"preset.ini": preset.encode()})
-    pulled = subprocess.run(
+    pulled = await trio.run_process(
         [sys.executable, "-m", "troupe", "pull", "org/presets"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        capture_stdout=True,
+        capture_stderr=True,
         env={**hub_env, "TROUPE_STATE_DIR": str(tmp_path / "state")},
         check=False,
     )
-    assert pulled.returncode == 0, pulled.stderr
+    assert pulled.returncode == 0, pulled.stderr.decode()
     asked = len(hub.requests)
     troupe = await start_troupe(
         ["--engine", str(fake_engine_path), "-hf", "org/presets", "--offline"],

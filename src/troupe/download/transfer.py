@@ -8,9 +8,9 @@ git blob id (sha1 of ``"blob <size>\\0"`` + content). A digest that does not mat
 deletes the partial file: nothing tells which bytes were wrong.
 
 Disk work (write, hash, fsync) runs in worker threads in steps of at most 1 MiB (writes,
-or what arrived in the last quarter second) or 64 MiB (hashing a resumed prefix), so a
-cancellation takes effect within a step; the network side is plain Trio I/O and stops
-at once. Bytes already received when a
+or what arrived before a quarter second without data) or 64 MiB (hashing a resumed
+prefix), so a cancellation takes effect within a step; the network side is plain Trio
+I/O and stops at once. Bytes already received when a
 connection drops or the job is paused are kept (written under a shield): TCP delivered
 them intact, and the next request asks for the rest.
 """
@@ -37,11 +37,11 @@ from troupe.download.plan import PlannedFile
 __all__ = ["DEFAULT_POLICY", "BusyError", "ChecksumError", "RetryPolicy", "fetch_file"]
 
 WRITE_STEP = 1 << 20
-WRITE_EVERY = 0.25  # seconds: a slow download still reaches the disk (and the progress)
+WRITE_EVERY = 0.25  # seconds without a byte: what arrived goes to disk
 HASH_STEP = 64 << 20
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)\Z")
 
-Progress = Callable[[int], None]  # bytes of the file received so far (on disk, or about to be)
+Progress = Callable[[int], None]  # bytes of the file on disk so far
 
 
 class ChecksumError(Exception):
@@ -197,27 +197,60 @@ async def _stream(client: httpx.AsyncClient, url: str, sink: _Sink, on_progress:
             if m is None or int(m.group(1)) != sink.size:
                 await trio.to_thread.run_sync(sink.reset)
                 raise _Transient("the hub answered another range; starting over")
-        buf = bytearray()
-        flushed = trio.current_time()
-        try:
-            async for chunk in resp.aiter_raw():
-                if sink.size + len(buf) + len(chunk) > sink.file.size:
-                    buf.clear()
-                    await trio.to_thread.run_sync(sink.discard)
-                    raise ChecksumError(f"{sink.file.path}: the hub sent more bytes than it lists")
-                buf += chunk
-                now = trio.current_time()
-                if len(buf) >= WRITE_STEP or now - flushed >= WRITE_EVERY:
+        await _receive(resp, sink, on_progress)
+
+
+async def _receive(resp: httpx.Response, sink: _Sink, on_progress: Progress) -> None:
+    """The body into the sink: written every `WRITE_STEP` bytes, and whenever nothing
+    arrived for `WRITE_EVERY` seconds, so what a stalled connection delivered is on disk
+    (a crash then loses nothing that arrived). The socket is read by its own task
+    through a small channel: only a channel receive is ever timed out, never a read."""
+    send, recv = trio.open_memory_channel[bytes](64)
+    failure: list[BaseException] = []
+
+    async def pump() -> None:
+        async with send:
+            try:
+                async for chunk in resp.aiter_raw():
+                    await send.send(chunk)
+            except Exception as exc:  # handed over, re-raised below as it was
+                failure.append(exc)
+
+    buf = bytearray()
+    ended = too_long = False
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump)
+            while not (ended or too_long):
+                with trio.move_on_after(WRITE_EVERY):
+                    while len(buf) < WRITE_STEP:
+                        try:
+                            chunk = await recv.receive()
+                        except trio.EndOfChannel:
+                            ended = True
+                            break
+                        if sink.size + len(buf) + len(chunk) > sink.file.size:
+                            buf.clear()
+                            too_long = True
+                            nursery.cancel_scope.cancel()
+                            break
+                        buf += chunk
+                if buf:
                     data = bytes(buf)
                     buf.clear()
-                    flushed = now
                     await trio.to_thread.run_sync(sink.write, data)
-                on_progress(sink.size + len(buf))  # received: kept even if cut short
-        finally:
-            if buf:
-                with trio.CancelScope(shield=True):  # keep what arrived, even when cancelled
-                    await trio.to_thread.run_sync(sink.write, bytes(buf))
-                on_progress(sink.size)
+                    on_progress(sink.size)  # on disk: what a crash would keep
+    finally:
+        if buf:
+            with trio.CancelScope(shield=True):  # keep what arrived, even when cancelled
+                await trio.to_thread.run_sync(sink.write, bytes(buf))
+            on_progress(sink.size)
+    # Raised out here, as themselves: inside the nursery they would come as a group.
+    if too_long:
+        await trio.to_thread.run_sync(sink.discard)
+        raise ChecksumError(f"{sink.file.path}: the hub sent more bytes than it lists")
+    if failure:
+        raise failure[0]
 
 
 def _describe(exc: BaseException) -> str:
