@@ -15,6 +15,10 @@ For one LFS file of ``--size`` MiB served by `troupe.testing.hub` on loopback:
 llama.cpp's column runs ``llama-server -hf`` (its downloader, timed until the blob is
 complete) for throughput and the dropped connection, when the engine is installed.
 
+Then, as a user sees it: each router (troupe, and llama.cpp's C++ router) downloads the
+file through ``POST /models`` from the throttled hub, and ``POST /models/unload`` is
+timed until it answers (both answer once the download has really stopped).
+
     .venv/bin/python bench/downloads.py [--size MiB] [--rate MiB/s] [--quick]
 """
 
@@ -25,6 +29,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -35,6 +40,7 @@ import huggingface_hub
 import trio
 from huggingface_hub import file_download
 
+from _util import http_json, start_process
 from troupe.download.hubapi import HubClient, open_client
 from troupe.download.job import DownloadJob
 from troupe.engine import find_engine
@@ -129,6 +135,43 @@ def llama_download(hub: Hub, cache: Path, engine: Path, blob: str) -> float:
             proc.kill()
 
 
+# ----- through a router ---------------------------------------------------------------------
+
+
+def router_unload_ms(hub: Hub, root: Path, argv: list[str], name: str, rate: float) -> float:
+    """POST /models, let it run a second, then the time ``POST /models/unload`` takes."""
+    cache = fresh(root, name.replace(" ", "-") + "-cache")
+    env = dict(os.environ, MODEL_ENDPOINT=hub.url, LLAMA_CACHE=str(cache))
+    env["TROUPE_STATE_DIR"] = str(fresh(root, "state"))
+    hub.rate = rate * MiB
+    proc = start_process(name, argv, root, env)
+    try:
+        url = proc.wait_listening(60)
+        status, body = http_json(url + "/models", {"model": f"{REPO}:Q8_0"})
+        assert status == 200, body
+        time.sleep(1.0)
+        began = time.monotonic()
+        status, body = http_json(url + "/models/unload", {"model": f"{REPO}:Q8_0"})
+        took = time.monotonic() - began
+        assert status == 200, body
+        return 1000 * took
+    finally:
+        proc.stop(10)
+        hub.rate = None
+
+
+def routers(hub: Hub, root: Path, rate: float, engine: Path | None) -> dict[str, float]:
+    out = {}
+    troupe_argv = [sys.executable, "-m", "troupe", "serve", "--port", "0"]
+    if engine is not None:
+        troupe_argv += ["--engine", str(engine)]
+        out["llama.cpp router"] = router_unload_ms(
+            hub, root, [str(engine), "--port", "0"], "llama.cpp router", rate
+        )
+    out["troupe"] = router_unload_ms(hub, root, troupe_argv, "troupe", rate)
+    return out
+
+
 # ----- the runs ---------------------------------------------------------------------------
 
 
@@ -200,6 +243,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, open_hub() as hub:
         hub.add_repo(REPO, {FILE: os.urandom(size)})
         results = measure(hub, Path(tmp), size, ns.rate, engine)
+        unloads = routers(hub, Path(tmp), ns.rate, engine)
     metrics = list(next(iter(results.values())))
     print(f"file {size // MiB} MiB on loopback; throttled runs at {ns.rate:g} MiB/s")
     print(f"{'':26}" + "".join(f"{name:>18}" for name in results))
@@ -209,6 +253,9 @@ def main() -> int:
             v = r.get(metric, "-")
             cells.append(f"{v:>18.2f}" if isinstance(v, float) else f"{v:>18}")
         print(f"{metric:26}" + "".join(cells))
+    print("POST /models/unload during a download, until it answers:")
+    for name, ms in unloads.items():
+        print(f"  {name:24}{ms:10.1f} ms")
     return 0
 
 
