@@ -39,6 +39,10 @@ async def router_for(
     if fake_timing:
         env["LLAMA_SERVER_DEBUG_FAKE_TIMING"] = "1"
     extra = ["--models-preset", preset] if preset else []
+    # Upstream's admission exactly: no drain of busy models for a starving one (the
+    # drain has tests of its own).
+    if "--drain-after" not in args:
+        extra += ["--drain-after", "off"]
     async with open_router(
         ["--models-dir", str(models), *CHILD_ARGS, *extra, *args],
         engine=engine,

@@ -52,9 +52,11 @@ async def test_queue_and_eviction_events(fake_router: RouterFactory) -> None:
             await http.post("/completion", json={"model": "b", "prompt": "x"})
             seen = drain(events)
         queue = [(e["model"], e["data"]) for e in seen if e["event"] == "troupe_queue"]
-        assert queue[0] == ("a", {"waiting": 1, "position": 1})
-        assert queue[1] == ("a", {"waiting": 0, "position": None})
-        assert ("b", {"waiting": 1, "position": 1}) in queue
+        assert queue[0] == ("a", {"waiting": 1, "position": 1, "reason": "loading"})
+        assert queue[1] == ("a", {"waiting": 0, "position": None, "reason": None})
+        assert ("b", {"waiting": 1, "position": 1, "reason": "waiting for a model to stop"}) in (
+            queue
+        )
         evicts = [(e["model"], e["data"]) for e in seen if e["event"] == "troupe_evict"]
         assert evicts == [("a", {"reason": "lru for b"})]
         item = {m["id"]: m for m in (await http.get("/models")).json()["data"]}["a"]

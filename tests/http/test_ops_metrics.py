@@ -84,7 +84,7 @@ async def test_counters_after_loads_an_eviction_and_crashes(
     assert value(got, "troupe_relayed_bytes_total", route="/completion", direction="response")
     for model, outcome, count in [("a", "granted", 2), ("c", "failed", 1), ("d", "failed", 1)]:
         assert value(got, "troupe_queue_wait_seconds_count", model=model, outcome=outcome) == count
-    assert value(got, "troupe_swaps_per_minute") == 5  # the test runs well within a minute
+    assert value(got, "troupe_swaps_per_minute") == 2  # a and b evicted (within a minute)
 
     # Gauges from the snapshot: a is up again, the rest are down.
     assert value(got, "troupe_model_status", model="a", status="loaded") == 1

@@ -91,6 +91,7 @@ class RouterContext:
             fake_timing=self.fake_timing,
             queue_max=settings.queue_max,
             memory=MemoryLedger(margin) if margin is not None else None,
+            drain_after=settings.drain_after,
         )
         sampler = MemorySampler(self._reader) if margin is not None else None
         # One transport for every byte sent to a child; the scheduler tells it when a

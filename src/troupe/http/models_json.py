@@ -44,6 +44,8 @@ def _extras(view: ModelView | None, now: float) -> dict[str, Any]:
         "in_flight": view.in_flight,
         "waiting": view.waiting,
         "queue_position": view.queue_position,
+        "wait_reason": view.wait_reason,
+        "draining_for": view.draining_for,
         "last_load_seconds": view.last_load_seconds,
         "last_eviction": view.last_eviction,
         "last_error": view.last_error,

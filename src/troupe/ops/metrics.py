@@ -10,7 +10,6 @@ a fresh memory reading (`troupe.ops.state`), so they never go stale between even
 
 from __future__ import annotations
 
-import collections
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 
 from troupe.http.asgi import Message, Scope, Send
 from troupe.http.routing import PROXY_GET_PATHS, PROXY_POST_PATHS, strip_prefix
+from troupe.sched import Snapshot
 
 __all__ = ["RouterMetrics", "eviction_reason", "route_label"]
 
@@ -29,7 +29,7 @@ Event = dict[str, Any]
 # the requests that found their model up.
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
-SWAP_WINDOW = 60.0  # seconds: troupe_swaps_per_minute counts the loads started in this window
+SWAP_WINDOW = 60.0  # seconds: troupe_swaps_per_minute counts the swaps in this window
 _KNOWN_ROUTES = PROXY_POST_PATHS | PROXY_GET_PATHS | {"/props", "/metrics", "/v1/stream"}
 
 
@@ -111,7 +111,6 @@ class RouterMetrics:
         )
         ProcessCollector(registry=reg)  # troupe's own CPU, memory and open fds
         self._loading: dict[str, float] = {}  # model -> when its load started
-        self._swaps: collections.deque[float] = collections.deque()
 
     # ----- the scheduler's events (Scheduler.add_listener) -------------------------------
 
@@ -124,7 +123,6 @@ class RouterMetrics:
         now = self._clock()
         if kind == "model_status" and data.get("status") == "loading":
             self._loading[model] = now
-            self._swaps.append(now)
         elif kind == "status_change" and data.get("status") == "loaded":
             started = self._loading.pop(model, None)
             if started is not None:  # a wake from sleep reports "loaded" too: not a load
@@ -141,12 +139,10 @@ class RouterMetrics:
         elif kind == "troupe_evict":
             self.evictions.labels(model, eviction_reason(str(data.get("reason", "")))).inc()
 
-    def swaps_per_minute(self) -> int:
-        """Loads started in the last minute."""
-        horizon = self._clock() - SWAP_WINDOW
-        while self._swaps and self._swaps[0] <= horizon:
-            self._swaps.popleft()
-        return len(self._swaps)
+    def swaps_per_minute(self, snapshot: Snapshot) -> int:
+        """Models stopped to make room for another in the last minute (the scheduler's
+        count, read as of now)."""
+        return snapshot.swaps_since(self._clock() - SWAP_WINDOW)
 
     # ----- the request path --------------------------------------------------------------
 

@@ -55,7 +55,7 @@ async def render_metrics(ctx: RouterContext, client: httpx.AsyncClient) -> bytes
     state = ScrapeState(
         snapshot=ctx.scheduler.snapshot,  # the freshest, after the awaits above
         margin=ctx.settings.memory_margin_bytes,
-        swaps_per_minute=ctx.metrics.swaps_per_minute(),
+        swaps_per_minute=ctx.metrics.swaps_per_minute(ctx.scheduler.snapshot),
         sample=sample,
         children_up=up,
     )

@@ -58,7 +58,9 @@ def state_families(state: ScrapeState) -> list[Metric]:
             last_load.add_metric([view.name], view.last_load_seconds)
     depth = _gauge("troupe_queue_depth", "Requests waiting in the admission queue")
     depth.add_metric([], sum(waiters for _, waiters in snap.queue))
-    swaps = _gauge("troupe_swaps_per_minute", "Loads started in the last 60 seconds")
+    swaps = _gauge(
+        "troupe_swaps_per_minute", "Models stopped to make room for another, last 60 seconds"
+    )
     swaps.add_metric([], state.swaps_per_minute)
     up = _gauge(
         "troupe_child_metrics_up", "1 when a running child answered its own /metrics", ["model"]

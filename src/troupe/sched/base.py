@@ -6,6 +6,7 @@ settling rules (settle.py: who waits, who loads, who is evicted), and the events
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,7 +22,9 @@ __all__ = ["CoreBase", "DirectLoad", "Lease", "PendingReload", "Waiter"]
 
 FAKE_TIMING_DELAY = 2.0  # LLAMA_SERVER_DEBUG_FAKE_TIMING: seconds before each load
 DEFAULT_LOAD_SECONDS = 10.0  # a load never measured yet, for Retry-After
-EVICTION_REASONS = ("lru for ", "ttl", "memory")  # stops the scheduler decided on its own
+EVICTION_REASONS = ("lru for ", "ttl", "memory", "drain for ")  # stops decided by the scheduler
+SWAP_REASONS = ("lru for ", "memory for ", "drain for ")  # a model stopped to make room for another
+SWAP_WINDOW = 60.0  # seconds: swaps_per_minute
 
 
 @attrs.define
@@ -71,8 +74,16 @@ class CoreBase:
         crash_window: float = 60.0,
         queue_max: int = 0,
         memory: MemoryLedger | None = None,
+        drain_after: float | None = None,
     ) -> None:
         self.models_max = models_max
+        # A queued model that gets no slot because every loaded model is busy waits at
+        # most this long before the least recently used busy one is drained for it
+        # (None: never, as upstream, whose rare models wait while popular ones stay busy).
+        self.drain_after = drain_after
+        self._starved_since: float | None = None
+        self._swaps: deque[float] = deque()
+        self._now = 0.0  # the time of the event being handled
         self.queue_max = queue_max  # 0: no limit on waiting requests
         self.fake_timing = fake_timing
         self.crash_limit = crash_limit
@@ -91,7 +102,7 @@ class CoreBase:
         self._last_gen: dict[str, int] = {}
         self._out: list[Effect] = []
         self._version = 0
-        self._queue_seen: dict[str, tuple[int, int]] = {}  # model -> (waiters, position)
+        self._queue_seen: dict[str, tuple[int, int, str]] = {}  # model -> (waiters, position, why)
         # Memory admission (None: count limit only). A sample is "fresh" while nothing
         # that changes memory use (a spawn, a ready, an exit) happened since it was asked.
         self.memory = memory
@@ -108,6 +119,7 @@ class CoreBase:
 
     def snapshot(self) -> Snapshot:
         waiting = {e.model: e.waiters for e in self._queue.entries}
+        reasons = {e.model: self._wait_reason(e.model) for e in self._queue.entries}
         views = {
             name: ModelView(
                 name=name,
@@ -129,6 +141,8 @@ class CoreBase:
                 held_until=m.held_until,
                 pin=m.config.pin,
                 ttl=m.config.ttl,
+                wait_reason=reasons.get(name),
+                draining_for=m.draining_for,
                 memory_need=self.memory.need(name) if self.memory else None,
                 memory_used=self.memory.effective.get(name) if self.memory else None,
             )
@@ -142,6 +156,7 @@ class CoreBase:
             models_max=self.models_max,
             queue=queue,
             devices=self._sample.devices if self._sample else (),
+            recent_swaps=self._recent_swaps(),
         )
 
     def running_names(self) -> list[str]:
@@ -158,14 +173,52 @@ class CoreBase:
         return out
 
     def _emit_queue_changes(self) -> None:
-        """A ``troupe_queue`` event for each entry whose waiters or position changed."""
-        now_seen = {e.model: (e.waiters, i + 1) for i, e in enumerate(self._queue.entries)}
+        """A ``troupe_queue`` event for each entry whose waiters, position or reason for
+        waiting changed."""
+        now_seen = {
+            e.model: (e.waiters, i + 1, self._wait_reason(e.model))
+            for i, e in enumerate(self._queue.entries)
+        }
         for model in sorted(now_seen.keys() | self._queue_seen.keys()):
             state = now_seen.get(model)
             if state != self._queue_seen.get(model):
-                waiters, position = state if state is not None else (0, None)
-                self._emit(model, "troupe_queue", {"waiting": waiters, "position": position})
+                waiters, position, reason = state if state is not None else (0, None, None)
+                data = {"waiting": waiters, "position": position, "reason": reason}
+                self._emit(model, "troupe_queue", data)
         self._queue_seen = now_seen
+
+    def _wait_reason(self, model: str) -> str:
+        """Why the requests queued for ``model`` wait, in words for /models and SSE."""
+        m = self._models.get(model)
+        entry = self._queue.find(model)
+        if m is None or entry is None:
+            return "waiting"
+        if entry.loading or m.status is Status.LOADING:
+            return "loading"
+        if m.stopping:
+            return "waiting for its previous instance to stop"
+        if m.draining_for is not None:
+            return f"being swapped out for {m.draining_for}: waits for the next instance"
+        if self._reloading:
+            return "waiting for a reload to finish"
+        if m.status.is_ready_or_sleeping:
+            return "ready"
+        first = self._queue.next_to_claim()
+        if first is not None and first.model != model:
+            return f"in line behind {first.model}"
+        draining = [n for n, o in self._models.items() if o.draining_for == model]
+        if draining:
+            return f"waiting for {draining[0]} to finish its requests (swapped out for it)"
+        if any(o.stopping for o in self._models.values()):
+            return "waiting for a model to stop"
+        if not self._has_capacity():
+            return "waiting for a slot: every loaded model is busy or pinned"
+        return "waiting for memory"
+
+    def _recent_swaps(self) -> tuple[float, ...]:
+        while self._swaps and self._swaps[0] <= self._now - SWAP_WINDOW:
+            self._swaps.popleft()
+        return tuple(self._swaps)
 
     def _queue_full(self, model: str) -> Failure:
         """503 with a Retry-After from the measured load times of the models ahead."""
@@ -218,6 +271,7 @@ class CoreBase:
         m.spawn_pending = True
         m.exit_code = 0
         m.last_eviction = None
+        m.draining_for = None
         m.port = m.pid = 0
         if delay <= 0:
             # Upstream's load() sets "loading" as it spawns: a GET /models or an unload
@@ -260,6 +314,8 @@ class CoreBase:
             return
         m.stopping = True
         m.last_eviction = reason
+        if reason.startswith(SWAP_REASONS):
+            self._swaps.append(self._now)
         if reason.startswith(EVICTION_REASONS):
             self._emit(m.config.name, "troupe_evict", {"reason": reason})
         # A model still loading has no request to finish: it is killed at once.
@@ -272,6 +328,7 @@ class CoreBase:
             and not m.config.pin  # pinned means never unloaded on troupe's own initiative
             and m.in_flight == 0
             and not m.stopping
+            and m.draining_for is None
             and self._queue.find(m.config.name) is None
         )
 

@@ -58,7 +58,7 @@ class SchedulerCore(Settling):
                 self._grant(rid, m, update_last_used, now, waited=False)
             else:
                 self._reply(rid, Failure.bad_request("model is not loaded"))
-        elif not m.stopping and m.status.is_ready_or_sleeping:
+        elif not m.stopping and m.draining_for is None and m.status.is_ready_or_sleeping:
             self._grant(rid, m, update_last_used, now, waited=False)
         elif self._held_back(m, now):
             self._reply(rid, Failure.unavailable(self._held_message(m, now)))
@@ -82,7 +82,7 @@ class SchedulerCore(Settling):
         if ready_only:
             return m.status is Status.LOADED and not m.stopping
         if autoload:
-            return not m.stopping and m.status.is_ready_or_sleeping
+            return not m.stopping and m.draining_for is None and m.status.is_ready_or_sleeping
         return m.status.is_running and not m.spawn_pending
 
     def release(self, rid: int, now: float) -> list[Effect]:
@@ -311,6 +311,7 @@ class SchedulerCore(Settling):
     ) -> list[Effect]:
         """The child of generation ``gen`` is gone. ``code`` is upstream's (a signal is 1);
         ``oom``: its log said it ran out of memory."""
+        self._now = now
         m = self._current(model, gen)
         if m is None:
             return self._flush()
@@ -325,6 +326,7 @@ class SchedulerCore(Settling):
         m.status = Status.UNLOADED
         m.exit_code = code
         m.stopping = False
+        m.draining_for = None
         m.spawn_pending = False
         m.in_flight = 0  # leases on the dead child no longer count (see release)
         m.progress = None
@@ -366,18 +368,27 @@ class SchedulerCore(Settling):
     # ----- time -------------------------------------------------------------------------
 
     def next_deadline(self) -> float | None:
-        """When `on_time` next has something to do (a TTL expiry); None if never."""
+        """When `on_time` next has something to do (a TTL expiry, a drain); None if never."""
         deadlines = [
             m.idle_since + m.config.ttl
             for m in self._models.values()
             if self._ttl_candidate(m) and m.config.ttl is not None
         ]
+        if self._starved_since is not None and self.drain_after is not None:
+            deadlines.append(self._starved_since + self.drain_after)
         return min(deadlines, default=None)
 
     def on_time(self, now: float) -> list[Effect]:
+        self._now = now
         for m in self._models.values():
             ttl = m.config.ttl
             if ttl is not None and self._ttl_candidate(m) and m.idle_since + ttl <= now:
                 self._request_stop(m, "ttl")
+        if (
+            self._starved_since is not None
+            and self.drain_after is not None
+            and now >= self._starved_since + self.drain_after
+        ):
+            self._start_drain()
         self._settle(now)
         return self._flush()

@@ -11,22 +11,29 @@ __all__ = ["evictions_needed", "pick_victim"]
 
 
 def pick_victim(
-    models: Mapping[str, ModelState], queue: AdmissionQueue, exclude: Iterable[str] = ()
+    models: Mapping[str, ModelState],
+    queue: AdmissionQueue,
+    exclude: Iterable[str] = (),
+    *,
+    busy: bool = False,
 ) -> str | None:
     """The least recently used model that can go, or None.
 
     Never a busy model (a request in flight), one still coming up (no request to finish
-    yet), one already stopping, one a queued request wants, or a pinned one. Ties go to
-    the first name in byte order, like upstream's ordered map.
+    yet), one already stopping or draining, one a queued request wants, or a pinned
+    one. Ties go to the first name in byte order, like upstream's ordered map.
+    ``busy``: the other way round, only models with requests in flight (to drain one).
     """
     skip = set(exclude)
     best: str | None = None
     best_used = 0.0
     for name in sorted(models):
         m = models[name]
-        if m.in_flight or not m.status.is_ready_or_sleeping or m.spawn_pending:
+        if bool(m.in_flight) != busy or not m.status.is_ready_or_sleeping or m.spawn_pending:
             continue
-        if m.stopping or m.config.pin or name in skip or queue.find(name) is not None:
+        if m.stopping or m.draining_for is not None or m.config.pin:
+            continue
+        if name in skip or queue.find(name) is not None:
             continue
         if best is None or m.last_used < best_used:
             best, best_used = name, m.last_used

@@ -18,6 +18,7 @@ __all__ = ["Settling"]
 class Settling(CoreBase):
     def _settle(self, now: float) -> None:
         """Re-examine every waiter and parked load, then free slots the queue needs."""
+        self._now = now
         pending = self._reload
         if pending is not None and not any(
             (m := self._models.get(n)) is not None and m.is_running for n in pending.restart
@@ -29,6 +30,7 @@ class Settling(CoreBase):
                 del self._removals[rid]
                 self._models.pop(model, None)
                 self._out.append(DeleteFiles(rid, model))
+        self._call_off_drains()
         busy_stopping = any(s.stopping for s in self._models.values())
         if not self._closing and not self._reloading and not busy_stopping:
             for m in list(self._models.values()):
@@ -108,8 +110,9 @@ class Settling(CoreBase):
         if m is None or m.removed:
             self._finish(rid, w, Failure.server_error(f"model name={name} is not found"))
             return
-        if m.stopping:
-            # A stopping instance takes no new request; the next instance serves it.
+        if m.stopping or m.draining_for is not None:
+            # A stopping (or draining) instance takes no new request; the next one serves
+            # it, after the models ahead in line.
             if not w.queued:
                 self._queue.join(name)
                 w.queued = True
@@ -225,7 +228,8 @@ class Settling(CoreBase):
         return False  # busy or pinned models hold the memory: wait for one to go idle
 
     def _tick(self) -> None:
-        """Evict idle models while queued requests outnumber free slots (upstream ``tick``)."""
+        """Evict idle models while queued requests outnumber free slots (upstream ``tick``);
+        when none is idle, note since when the queue starves (see `_start_drain`)."""
         need = evictions_needed(self._models, self._queue, self.models_max)
         # The free slots go to the first entries in line; the evictions are for the rest.
         needy = [
@@ -234,8 +238,49 @@ class Settling(CoreBase):
             if not e.loading
             and not (self._models[e.model].is_running and not self._models[e.model].stopping)
         ]
+        starving = False
         for model in needy[len(needy) - need :] if need > 0 else []:
             victim = pick_victim(self._models, self._queue)
             if victim is None:
-                return  # everything left is busy or pinned: wait for a request to end
+                starving = True  # everything left is busy or pinned
+                break
             self._request_stop(self._models[victim], f"lru for {model}")
+        draining = [m for m in self._models.values() if m.draining_for is not None]
+        for m in draining:
+            if m.in_flight == 0 and not m.stopping:
+                self._request_stop(m, f"drain for {m.draining_for}")
+        if starving and not draining and not self._closing and not self._reloading:
+            if self._starved_since is None:
+                self._starved_since = self._now
+        else:
+            self._starved_since = None
+
+    def _call_off_drains(self) -> None:
+        """A drain whose model no longer waits for a slot (it left, or it got one) ends:
+        the model takes leases again, before anyone waiting for it is looked at."""
+        for m in self._models.values():
+            target = m.draining_for
+            if target is None or m.stopping:
+                continue
+            entry = self._queue.find(target)
+            wanted = self._models.get(target)
+            if entry is None or wanted is None or wanted.is_running:
+                m.draining_for = None
+
+    def _start_drain(self) -> None:
+        """The queue has starved for ``drain_after``: the least recently used busy model
+        takes no new lease, and is stopped once its requests end (fair admission)."""
+        self._starved_since = None
+        needy = [
+            e.model
+            for e in self._queue.entries
+            if not e.loading and not self._models[e.model].is_running
+        ]
+        if not needy:
+            return
+        victim = pick_victim(self._models, self._queue, busy=True)
+        if victim is None:
+            return  # only pinned models hold the slots: nothing may be drained
+        m = self._models[victim]
+        m.draining_for = needy[0]
+        self._emit(victim, "troupe_drain", {"for": needy[0], "in_flight": m.in_flight})

@@ -50,6 +50,7 @@ class ModelState:
     crashes: deque[float] = attrs.field(factory=deque)
     held_until: float | None = None
     removed: bool = False  # dropped from the catalogue, kept until its child is gone
+    draining_for: str | None = None  # takes no new lease; stopped once idle, for this model
     oom_retried: bool = False  # an out-of-memory load was already retried once
     respawn_after_evictions: bool = False  # retry that load once the evictions are done
 
@@ -85,6 +86,8 @@ class ModelView:
     held_until: float | None
     pin: bool
     ttl: float | None
+    wait_reason: str | None = None  # why its queued requests wait (None: nobody waits)
+    draining_for: str | None = None  # it is being swapped out for this model
     memory_need: Mapping[str, int] | None = None  # what loading it takes (estimate or seen)
     memory_used: Mapping[str, int] | None = None  # what it was seen to hold once up
 
@@ -98,7 +101,12 @@ class Snapshot:
     models_max: int
     queue: tuple[tuple[str, int], ...]  # (model, waiters) in queue order
     devices: tuple[DeviceMemory, ...] = ()  # the last memory reading, if any
+    recent_swaps: tuple[float, ...] = ()  # when a model was stopped for another, last minute
     downloads: Mapping[str, DownloadView] = attrs.field(factory=dict)  # by requested name
+
+    def swaps_since(self, since: float) -> int:
+        """Swaps (a model stopped to make room for another) after ``since`` (Trio time)."""
+        return sum(1 for t in self.recent_swaps if t > since)
 
     @property
     def running(self) -> int:

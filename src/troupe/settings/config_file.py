@@ -69,6 +69,7 @@ class TroupeSection:
     queue_timeout: float | None = None
     load_timeout: float | str | None = None
     drain_timeout: float | None = None
+    drain_after: float | str | None = None
 
 
 @attrs.frozen
@@ -113,6 +114,7 @@ _TROUPE = {
     "queue_timeout": "--queue-timeout",
     "load_timeout": "--load-timeout",
     "drain_timeout": "--drain-timeout",
+    "drain_after": "--drain-after",
 }
 
 

@@ -81,6 +81,7 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--ws-max-message-mib", hint="N", env="TROUPE_WS_MAX_MESSAGE_MIB"),
     _opt("--load-timeout", hint="SECONDS", env="TROUPE_LOAD_TIMEOUT"),
     _opt("--drain-timeout", hint="SECONDS", env="TROUPE_DRAIN_TIMEOUT"),
+    _opt("--drain-after", hint="SECONDS", env="TROUPE_DRAIN_AFTER"),
 )
 
 
@@ -124,6 +125,9 @@ class RouterSettings:
     # A load that shows no progress (no output from its child) for this long is killed.
     load_timeout: float | None = 300.0
     drain_timeout: float = 30.0  # on SIGTERM, how long requests in flight may finish
+    # A model that gets no slot because every loaded one is busy waits this long, then the
+    # least recently used busy model is drained for it; None ("off"): never, as upstream.
+    drain_after: float | None = 1.0
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20
     # Every llama-server option from the command line, forwarded to children (spec §2.5).
@@ -355,6 +359,7 @@ def build_settings(
         queue_timeout=_timeout(own.text("--queue-timeout", "")),
         load_timeout=_seconds_or_off("--load-timeout", own.text("--load-timeout", "300")),
         drain_timeout=_seconds("--drain-timeout", own.text("--drain-timeout", "30")),
+        drain_after=_seconds_or_off("--drain-after", own.text("--drain-after", "1")),
         memory_margin_bytes=_margin(own.text("--models-memory-margin", "1024")),
         base_args=tuple({**(config or {}), **cli}.items()),
     )

@@ -94,14 +94,16 @@ async def check_child_exit_command(argv: Sequence[str]) -> None:
 
 
 async def check_child_stdin_eof(argv: Sequence[str]) -> None:
-    """Stdin EOF (the router died): "EOF on stdin detected, forcing shutdown...", exit 1."""
+    """Stdin EOF (the router died): the child exits 1 at once.
+
+    Its "EOF on stdin detected, forcing shutdown..." line is not checked: llama-server
+    logs from a worker thread, and the exit(1) that follows can drop what it had not
+    written yet (seen on a loaded machine: stderr ended right after start-up)."""
     async with open_engine(argv) as engine:
         with trio.fail_after(TIMEOUT):
             await engine.wait_state("ready")
             await engine.close_stdin()
             assert await engine.wait() == 1, engine.stderr_text
-            # The exit can be seen before the reader has taken the last lines from the pipe.
-            await engine.wait_log(r"EOF on stdin detected, forcing shutdown\.\.\.")
 
 
 async def check_http_surface(client: httpx.AsyncClient, name: str) -> None:

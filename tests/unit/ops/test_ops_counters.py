@@ -77,17 +77,6 @@ def test_evictions_by_reason_and_odd_events_are_ignored() -> None:
     assert eviction_reason("unload request") == "other"
 
 
-def test_swaps_per_minute_is_a_sliding_window() -> None:
-    clock = Clock()
-    m = RouterMetrics(clock=clock)
-    for _ in range(3):
-        m.on_event(event("a", "model_status", status="loading"))
-        clock.now += 25
-    assert m.swaps_per_minute() == 2  # started at 100, 125, 150; now 175
-    clock.now += 60
-    assert m.swaps_per_minute() == 0
-
-
 def test_route_labels_are_bounded() -> None:
     assert route_label("/v1/chat/completions", "") == "/v1/chat/completions"
     assert route_label("/api/v1/completions", "/api") == "/v1/completions"

@@ -67,6 +67,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         warm=st.lists(st.booleans(), min_size=5, max_size=5),
         fake_timing=st.sampled_from([False, False, True]),
         queue_max=st.sampled_from([0, 0, 0, 4]),
+        drain_after=st.sampled_from([None, None, 3.0]),
     )
     def setup(
         self,
@@ -77,6 +78,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         warm: list[bool],
         fake_timing: bool,
         queue_max: int,
+        drain_after: float | None,
     ) -> None:
         # A pinned model never also has a TTL here: which of the two wins is a policy
         # question, not one of the invariants checked.
@@ -96,6 +98,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             crash_window=CRASH_WINDOW,
             fake_timing=fake_timing,
             queue_max=queue_max,
+            drain_after=drain_after,
         )
         self.gen = dict.fromkeys(self.names, 0)
         self.crashes = {name: [] for name in self.names}
@@ -124,6 +127,8 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         now = self.tick()
         held = child is None and self.held(model)
         at_once = self.core.grants_at_once(model, autoload)  # the actor's inline fast path
+        view = self.core.snapshot().models.get(model)
+        drained = view is not None and view.draining_for is not None  # no new lease
         self.step(self.core.acquire(rid, model, now, autoload=autoload, update_last_used=post))
         r = self.replies_to(rid)
         if at_once:
@@ -137,6 +142,8 @@ class SchedulerMachine(World, RuleBasedStateMachine):
                 assert isinstance(self.one_result(r), Grant), r
             elif not child.delayed:  # "loading" but no port yet: the child's own answer
                 assert [x.result.status for x in r] == [503], r  # type: ignore[union-attr]
+        elif drained and autoload:
+            assert r == [], r  # it queues for the next instance, behind the starving model
         elif (
             child is not None
             and child.started
