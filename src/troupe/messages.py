@@ -27,6 +27,8 @@ __all__ = [
     "Drain",
     "Exited",
     "LoadModel",
+    "MeasureFailed",
+    "Measured",
     "MemorySampleFailed",
     "MemorySampled",
     "Message",
@@ -124,6 +126,25 @@ class MemorySampled:
 
 
 @attrs.frozen
+class Measured:
+    """The engine's projection for ``model`` under the configuration ``fingerprint``:
+    bytes per device at the context the child will use (``need``) and, when fit had to
+    shrink its context, at the initial parameters (``high``)."""
+
+    model: str
+    fingerprint: str
+    need: Mapping[str, int]
+    high: Mapping[str, int] | None = None
+
+
+@attrs.frozen
+class MeasureFailed:
+    model: str
+    fingerprint: str
+    reason: str
+
+
+@attrs.frozen
 class MemorySampleFailed:
     version: int
 
@@ -134,6 +155,7 @@ class Spawned:
     gen: int
     port: int
     pid: int
+    connections: int = 7  # how many the child serves at once (child/http_threads.py)
 
 
 @attrs.frozen
@@ -203,6 +225,8 @@ Message = (
     | Rescanned
     | MemorySampled
     | MemorySampleFailed
+    | Measured
+    | MeasureFailed
     | Spawned
     | ChildState
     | Exited

@@ -19,11 +19,11 @@ import attrs
 import httpx
 import pytest
 import trio
-import trio_websocket
 
 from troupe.ops.logs import LogLine
 from troupe.testing.nginx import SITE, Forwarder, Nginx, open_forwarder, open_nginx
-from troupe.testing.router import RouterFactory, RunningRouter
+from troupe.testing.realtime_client import EventLog, run_asyncio, sdk_client
+from troupe.testing.router import RouterFactory, RunningRouter, open_router, write_preset
 
 LIMIT = 128 << 20  # client_max_body_size 128m, and troupe's --max-body-mib default
 TOKENS = 40
@@ -125,21 +125,42 @@ async def test_body_at_the_limit_passes_and_one_byte_more_is_413(
         assert "413" in resp.text
 
 
-async def test_websocket_upgrade_on_v1_realtime_passes_through(
-    fake_router: RouterFactory, nginx_path: Path, tmp_path: Path
+async def test_a_realtime_session_through_nginx_with_the_openai_sdk(
+    engine_path: Path, tiny_model_dir: Path, nginx_path: Path, tmp_path: Path
 ) -> None:
-    # /v1/realtime is bridged to the child's own WebSocket today (the fake echoes);
-    # this checks the upgrade path through nginx's location block, whatever serves it.
-    async with nginx_stack(fake_router, nginx_path, tmp_path) as stack:
-        url = f"ws://127.0.0.1:{stack.nginx.port}/v1/realtime?model=a"
-        async with trio_websocket.open_websocket_url(url) as ws:
-            assert stack.router.snapshot.models["a"].in_flight == 1
-            await ws.send_message("hello through nginx")
-            assert await ws.get_message() == "hello through nginx"
-            await ws.send_message(b"\x00\x01")
-            assert await ws.get_message() == b"\x00\x01"
+    # The official SDK's realtime client, through the shipped site's /v1/realtime
+    # location, to troupe and the real engine: a whole response, every event valid.
+    preset = write_preset(tmp_path, {"tiny": {"model": str(tiny_model_dir / "tiny-a.gguf")}})
+    async with (
+        open_router(
+            ["--models-preset", str(preset), "-c", "512"],
+            engine=engine_path,
+            state_dir=tmp_path / "state",
+            cwd=tmp_path,
+        ) as router,
+        open_forwarder(int(router.url.rsplit(":", 1)[1])) as forwarder,
+        open_nginx(tmp_path / "nginx", forwarder.port, binary=nginx_path) as nginx,
+    ):
+
+        async def scenario(url: str) -> list[str]:
+            async with sdk_client(url).realtime.connect(model="tiny") as conn:
+                log = EventLog(conn)
+                assert (await log.next()).type == "session.created"
+                item = {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "hello through nginx"}],
+                }
+                await log.send({"type": "conversation.item.create", "item": item})
+                await log.send({"type": "response.create", "response": {"max_output_tokens": 4}})
+                return [e.type for e in await log.until("response.done")]
+
+        kinds = await run_asyncio(scenario, nginx.url)
+        assert "response.output_text.delta" in kinds
+        assert kinds[-1] == "response.done"
+        assert forwarder.connections >= 1  # it went through nginx
         with trio.fail_after(5):
-            await stack.router.ctx.scheduler.wait_until(lambda s: s.models["a"].in_flight == 0)
+            await router.ctx.scheduler.wait_until(lambda s: s.models["tiny"].in_flight == 0)
 
 
 @pytest.mark.parametrize("line", ["listen 443 ssl http2;", "server 127.0.0.1:8080;"])

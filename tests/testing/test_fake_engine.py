@@ -252,26 +252,21 @@ async def test_api_key(fake_engine_path: Path, model: Path) -> None:
             assert (await client.get("/v1/models", headers=auth)).status_code == 200
 
 
-async def test_realtime_websocket_echoes_and_closes_with_code(
+async def test_a_websocket_upgrade_is_a_404_as_llama_server_has_no_websocket_route(
     fake_engine_path: Path, model: Path
 ) -> None:
     async with open_engine(argv(fake_engine_path, model), child=False) as engine:
         with trio.fail_after(30):
             port = int((await engine.url()).rsplit(":", 1)[1])
-            # We own the TCP stream: trio-websocket 0.12.2 never closes a client's socket
-            # when the server closes first (ResourceWarning: unclosed socket).
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            async with stream, trio.open_nursery() as nursery:
-                ws = await trio_websocket.wrap_client_stream(
-                    nursery, stream, "127.0.0.1", "/v1/realtime"
-                )
-                await ws.send_message("hello")
-                assert await ws.get_message() == "hello"
-                await ws.send_message(b"\x00\x01binary")
-                assert await ws.get_message() == b"\x00\x01binary"
-                close = {"type": "close", "code": 4001, "reason": "bye"}
-                await ws.send_message(json.dumps(close))
-                with pytest.raises(trio_websocket.ConnectionClosed) as closed:
-                    await ws.get_message()
-                await ws.aclose()
-            assert (closed.value.reason.code, closed.value.reason.reason) == (4001, "bye")
+            rejected: list[trio_websocket.ConnectionRejected] = []
+            async with stream:
+                try:
+                    async with trio.open_nursery() as nursery:
+                        await trio_websocket.wrap_client_stream(
+                            nursery, stream, "127.0.0.1", "/v1/realtime"
+                        )
+                except* trio_websocket.ConnectionRejected as group:
+                    rejected += group.exceptions  # type: ignore[arg-type]
+        assert [r.status_code for r in rejected] == [404]
+        assert json.loads(rejected[0].body or b"")["error"]["message"] == "File Not Found"

@@ -16,6 +16,7 @@ import attrs
 import trio
 
 from troupe.child.classify import LogKind, classify_line, describe_exit_signal
+from troupe.child.http_threads import http_threads
 from troupe.child.ledger import PidLedger
 from troupe.child.logring import LogRing
 from troupe.child.ports import free_port
@@ -136,7 +137,8 @@ class Instance:
             self._ledger.add(proc.pid, self.model)
         log.info("spawned %s (pid %d) on port %d: %s", self.model, proc.pid, port, " ".join(argv))
         try:
-            await self._outbox.send(Spawned(self.model, self.gen, port, proc.pid))
+            connections = http_threads(argv, self.spec.env)
+            await self._outbox.send(Spawned(self.model, self.gen, port, proc.pid, connections))
             returncode = await self._supervise(proc)
         finally:
             if proc.returncode is None:

@@ -25,7 +25,7 @@ from troupe.actors.download_supervisor import DownloadLauncher
 from troupe.actors.events import EventBus
 from troupe.actors.memory import MemorySampler
 from troupe.actors.scheduler_downloads import DownloadRunner
-from troupe.actors.scheduler_effects import Launcher
+from troupe.actors.scheduler_effects import ChildTransport, Launcher
 from troupe.catalog.prepared import PreparedCatalog
 from troupe.child.ledger import PidLedger
 from troupe.download.plan import DownloadPlan
@@ -72,19 +72,19 @@ class Scheduler(DownloadRunner):
         ledger: PidLedger | None = None,
         inbox_size: int = 1024,
         sampler: MemorySampler | None = None,
-        child_gone: Callable[[str, int], None] | None = None,
+        transport: ChildTransport | None = None,
         downloads: DownloadLauncher | None = None,
     ) -> None:
         send, recv = trio.open_memory_channel[Message](inbox_size)
-        super().__init__(core, launcher, catalogue, bus or EventBus(), ledger, sampler, send)
+        super().__init__(
+            core, launcher, catalogue, bus or EventBus(), ledger, sampler, send, transport
+        )
         self._init_downloads(downloads)
         self._recv = recv
         self._ids = itertools.count(1)
         self._snapshot = core.snapshot()
         self._stale = False  # the core changed since _snapshot was built
         self._watchers: list[tuple[Callable[[Snapshot], bool], trio.Event]] = []
-        # Told when a child exits, so the transport drops its connections (never raises).
-        self._child_gone = child_gone
 
     # ----- reading -------------------------------------------------------------------
 
@@ -309,6 +309,7 @@ class Scheduler(DownloadRunner):
             case Rescanned():
                 return self._rescanned(msg, now)
             case Spawned():
+                self._child_started(msg.model, msg.gen, msg.connections)
                 return core.spawned(msg.model, msg.gen, msg.port, msg.pid, now)
             case ChildState():
                 return core.child_state(msg.model, msg.gen, msg.state, msg.payload, now)
@@ -333,14 +334,6 @@ class Scheduler(DownloadRunner):
             case MemorySampleFailed():
                 return core.memory_sample_failed(msg.version, now)
         raise AssertionError(f"unknown message {msg!r}")
-
-    def _forget_child(self, model: str, gen: int) -> None:
-        if self._child_gone is None:
-            return
-        try:
-            self._child_gone(model, gen)
-        except Exception:  # the transport's trouble must not take the scheduler down
-            self._log.exception("dropping the connections of %s failed", model)
 
     def _publish(self) -> None:
         self._stale = True

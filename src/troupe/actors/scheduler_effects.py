@@ -41,9 +41,17 @@ from troupe.sched import (
 )
 from troupe.sched.effects import DeleteFiles, Reloaded
 
-__all__ = ["EffectRunner", "Launcher"]
+__all__ = ["ChildTransport", "EffectRunner", "Launcher"]
 
 log = logging.getLogger("troupe.scheduler")
+
+
+class ChildTransport(Protocol):
+    """The one transport to children (the relay's pool), told what becomes of them."""
+
+    def set_limit(self, model: str, gen: int, connections: int) -> None: ...
+
+    def forget(self, model: str, gen: int) -> None: ...
 
 
 class Launcher(Protocol):
@@ -76,6 +84,7 @@ class EffectRunner:
         ledger: PidLedger | None,
         sampler: MemorySampler | None,
         send: trio.MemorySendChannel[Message],
+        transport: ChildTransport | None = None,
     ) -> None:
         self._core = core
         self._launcher = launcher
@@ -94,6 +103,9 @@ class EffectRunner:
         self._scan_limit = trio.CapacityLimiter(1)
         self._save_limit = trio.CapacityLimiter(1)
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        # Told when a child starts (how many connections it takes) and when it is stopped
+        # or exits (its idle connections close: one holds llama-server's exit ~110 ms).
+        self._transport = transport
 
     def add_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Call ``listener`` with every event as it is emitted, inside the scheduler (for
@@ -122,6 +134,7 @@ class EffectRunner:
                     inst = self._instances.get(effect.model)
                     if inst is not None and inst.gen == effect.gen:
                         log.info("stopping %s (%s)", effect.model, effect.reason)
+                        self._forget_child(effect.model, effect.gen)
                         inst.stop(kill=effect.kill)
                 case Reply():
                     work += self._reply(effect, now)
@@ -162,6 +175,22 @@ class EffectRunner:
         self._instances[effect.model] = inst
         self._nursery.start_soon(inst.run, effect.delay)
         return []
+
+    def _forget_child(self, model: str, gen: int) -> None:
+        if self._transport is None:
+            return
+        try:
+            self._transport.forget(model, gen)
+        except Exception:  # the transport's trouble must not take the scheduler down
+            log.exception("dropping the connections of %s failed", model)
+
+    def _child_started(self, model: str, gen: int, connections: int) -> None:
+        if self._transport is None:
+            return
+        try:
+            self._transport.set_limit(model, gen, connections)
+        except Exception:  # the transport's trouble must not take the scheduler down
+            log.exception("telling the transport about %s failed", model)
 
     def _reply(self, effect: Reply, now: float) -> list[Effect]:
         channel = self._replies.pop(effect.to, None)

@@ -6,7 +6,11 @@ Rows (MiB)::
     |   - CUDA0 (RTX 4090)   | 24564 = 23000 + (1200 =  1000 +     100 +     100) +   364 |
     |   - Host               |                  285 =   235 +      27 +      23                |
 
-It is logged at verbosity 4 (``-lv 4``), when fit measures a model and at exit.
+It is logged at verbosity 4 (``-lv 4``): once or twice while ``--fit`` projects what
+the model will take (before any weight is loaded: first at the initial parameters,
+then at the smallest context fit may choose if those do not fit), and at exit.
+A device row (it has total and free columns) is that device's; every other row
+(``Host``, ``CPU_REPACK``, ...) is memory on the host.
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ import re
 
 import attrs
 
-__all__ = ["BreakdownRow", "BufferLine", "parse_breakdown_line", "parse_buffer_line"]
+__all__ = [
+    "BreakdownRow",
+    "BufferLine",
+    "device_name",
+    "need_of_rows",
+    "parse_breakdown_line",
+    "parse_buffer_line",
+]
 
 _GPU = re.compile(
     r"\|\s*-\s*(?P<name>.+?)\s*\|\s*(?P<total>\d+)\s*=\s*(?P<free>\d+)\s*\+\s*\(\s*(?P<self>\d+)\s*=\s*"
@@ -40,6 +51,28 @@ class BreakdownRow:
     @property
     def self_bytes(self) -> int:
         return self.model + self.context + self.compute
+
+
+_DEVICE = re.compile(r"^(?P<kind>[A-Za-z]+?)(?P<index>\d+)\b")
+
+
+def device_name(row: BreakdownRow) -> str:
+    """troupe's name of the device a row is about: "host", "cuda:0", "vulkan:1", ..."""
+    if row.total is None:
+        return "host"
+    m = _DEVICE.match(row.name)
+    if m is None:
+        return row.name.split(" ", 1)[0].lower()
+    return f"{m['kind'].lower()}:{m['index']}"
+
+
+def need_of_rows(rows: list[BreakdownRow]) -> dict[str, int]:
+    """Bytes per device: model + context + compute of every row, summed by device."""
+    need: dict[str, int] = {}
+    for row in rows:
+        name = device_name(row)
+        need[name] = need.get(name, 0) + row.self_bytes
+    return need
 
 
 def parse_breakdown_line(line: str) -> BreakdownRow | None:

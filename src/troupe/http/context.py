@@ -107,7 +107,7 @@ class RouterContext:
             prepared,
             ledger=ledger,
             sampler=sampler,
-            child_gone=self.relay.forget,
+            transport=self.relay,
             downloads=self.downloads,
         )
         self.scheduler.add_listener(self.metrics.on_event)

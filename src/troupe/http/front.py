@@ -14,13 +14,9 @@ from troupe.http import cors
 from troupe.http.asgi import ASGIApp, Receive, Scope, Send, header, send_response
 from troupe.http.context import RouterContext
 from troupe.http.errors import middleware_error_body
-from troupe.http.proxy_routes import (
-    handle_proxy_get,
-    handle_proxy_post,
-    handle_stream_get,
-    handle_websocket,
-)
+from troupe.http.proxy_routes import handle_proxy_get, handle_proxy_post, handle_stream_get
 from troupe.http.routing import Route, classify, is_dashboard, strip_prefix
+from troupe.realtime import open_asgi_request, serve_realtime
 
 __all__ = ["Front"]
 
@@ -84,11 +80,11 @@ class Front:
             await send_response(send, 404, body)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.ctx.ready or not self._authorized(scope):
-            await receive()  # websocket.connect
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        await handle_websocket(self.ctx, scope, receive, send)
+        # Readiness, the key, the route and the model are the realtime handshake's to
+        # check: its refusals are HTTP answers with upstream's JSON bodies.
+        request = await open_asgi_request(scope, receive, send)
+        if request is not None:
+            await serve_realtime(self.ctx, request)
 
 
 def _with_headers(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:

@@ -40,7 +40,6 @@ __all__ = [
     "handle_proxy_get",
     "handle_proxy_post",
     "handle_stream_get",
-    "handle_websocket",
     "model_from_body",
     "retry_after",
     "validate_model",
@@ -310,9 +309,3 @@ async def handle_stream_get(ctx: RouterContext, scope: Scope, receive: Receive, 
     await until_disconnect(receive, guarded)
     if lost:
         raise lost[0]
-
-
-async def handle_websocket(ctx: RouterContext, scope: Scope, receive: Receive, send: Send) -> None:
-    from troupe.proxy.websocket import bridge_websocket  # noqa: PLC0415
-
-    await bridge_websocket(ctx, scope, receive, send)

@@ -14,7 +14,8 @@ import trio
 
 from troupe.http.asgi import Scope, Send, send_response
 from troupe.http.errors import JSON_TYPE, dumps
-from troupe.proxy.upstream import Child, UpstreamError, UpstreamPool, UpstreamResponse
+from troupe.proxy.pool import UpstreamPool
+from troupe.proxy.upstream import Child, UpstreamError, UpstreamResponse
 
 __all__ = ["ChildLost", "Relay"]
 
@@ -88,8 +89,18 @@ class Relay:
         await self._pool.aclose()
 
     def forget(self, model: str, gen: int) -> None:
-        """The scheduler saw the child ``(model, gen)`` exit: drop its connections."""
+        """The scheduler stopped the child ``(model, gen)``, or saw it exit."""
         self._pool.forget(model, gen)
+
+    def set_limit(self, model: str, gen: int, connections: int) -> None:
+        """The child ``(model, gen)`` started; it serves ``connections`` at once."""
+        self._pool.set_limit(model, gen, connections)
+
+    @property
+    def pool(self) -> UpstreamPool:
+        """The one transport to children, for callers that speak to them directly
+        (the realtime sessions)."""
+        return self._pool
 
     @property
     def idle_connections(self) -> int:

@@ -12,8 +12,20 @@ from typing import Any
 
 import attrs
 
-from troupe.sched.effects import Effect, Emit, Failure, Grant, Reply, SampleMemory, Spawn, Stop
-from troupe.sched.memory import MemoryLedger, MemorySample
+from troupe.sched.effects import (
+    CancelMeasure,
+    Effect,
+    Emit,
+    Failure,
+    Grant,
+    Measure,
+    Reply,
+    SampleMemory,
+    Spawn,
+    Stop,
+)
+from troupe.sched.measuring import MeasureQueue
+from troupe.sched.memory import MemoryLedger, MemorySample, PerDevice
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.status import Status
 from troupe.sched.table import ModelConfig, ModelState, ModelView, Snapshot
@@ -75,6 +87,7 @@ class CoreBase:
         queue_max: int = 0,
         memory: MemoryLedger | None = None,
         drain_after: float | None = None,
+        measure: bool = False,
     ) -> None:
         self.models_max = models_max
         # A queued model that gets no slot because every loaded model is busy waits at
@@ -114,6 +127,10 @@ class CoreBase:
         self._sampled_version = -1
         self._sampling = False
         self._sample_failed_version = -1  # a reading of this version could not be made
+        # The engine's own projections (measure jobs), with memory admission only.
+        self._measure = MeasureQueue() if measure and memory is not None else None
+        if self._measure is not None:
+            self._measure.add(sorted(self._models))
 
     # ----- reading ------------------------------------------------------------------------
 
@@ -145,6 +162,8 @@ class CoreBase:
                 draining_for=m.draining_for,
                 memory_need=self.memory.need(name) if self.memory else None,
                 memory_used=self.memory.effective.get(name) if self.memory else None,
+                memory_source=self._memory_source(m),
+                memory_high=self._projection_high(m),
             )
             for name, m in sorted(self._models.items())
         }
@@ -214,6 +233,39 @@ class CoreBase:
         if not self._has_capacity():
             return "waiting for a slot: every loaded model is busy or pinned"
         return "waiting for memory"
+
+    def _memory_source(self, m: ModelState) -> str | None:
+        if self.memory is None:
+            return None
+        name = m.config.name
+        if self.memory.effective.get(name):
+            return "observed"
+        if self._measure is not None and self._measure.of(name, m.config.fingerprint):
+            return "engine"
+        return "estimate" if self.memory.estimates.get(name) else None
+
+    def _projection_high(self, m: ModelState) -> PerDevice | None:
+        if self._measure is None:
+            return None
+        found = self._measure.of(m.config.name, m.config.fingerprint)
+        return found.high if found is not None else None
+
+    def _measure_next(self) -> None:
+        """Start the next measurement, if none runs (one engine process at a time)."""
+        if self._measure is None or self._closing:
+            return
+        fingerprints = {n: m.config.fingerprint for n, m in self._models.items()}
+        self._measure.todo = [n for n in self._measure.todo if n in fingerprints]
+        wanted = [d.model for d in self._direct.values()] + [e.model for e in self._queue.entries]
+        for name in reversed(wanted):  # models requests wait for first, in their order
+            self._measure.bump(name)
+        job = self._measure.start(fingerprints)
+        if job is not None:
+            self._out.append(Measure(*job))
+
+    def _forget_measurement(self, name: str) -> None:
+        if self._measure is not None and self._measure.forget(name):
+            self._out.append(CancelMeasure(name))
 
     def _recent_swaps(self) -> tuple[float, ...]:
         while self._swaps and self._swaps[0] <= self._now - SWAP_WINDOW:

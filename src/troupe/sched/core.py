@@ -8,21 +8,20 @@ a waiter is re-examined the moment something changes instead of every 200 ms.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import Any
 
-from troupe.sched.base import DirectLoad, PendingReload, Waiter
+from troupe.sched.base import DirectLoad, Waiter
 from troupe.sched.effects import Effect, Failure
 from troupe.sched.lru import pick_victim
-from troupe.sched.memory import MemorySample
-from troupe.sched.settle import Settling
+from troupe.sched.measuring import MAX_ATTEMPTS
+from troupe.sched.memory_events import MemoryEvents
 from troupe.sched.status import Status
-from troupe.sched.table import ModelConfig, ModelState
+from troupe.sched.table import ModelState
 
 __all__ = ["SchedulerCore"]
 
 
-class SchedulerCore(Settling):
+class SchedulerCore(MemoryEvents):
     """The single writer of the model table (DESIGN principle 1)."""
 
     # ----- requests -----------------------------------------------------------------
@@ -138,110 +137,6 @@ class SchedulerCore(Settling):
             self._settle(now)
         return self._flush()
 
-    def stop_all(self, rid: int, now: float) -> list[Effect]:
-        """Shutdown: fail every waiter, stop every child, answer when none runs."""
-        self._closing = True
-        for wid, w in list(self._waiters.items()):
-            if w.queued:
-                self._queue.leave(w.model)
-            del self._waiters[wid]
-            self._reply(wid, Failure.unavailable("server is shutting down"))
-        for did in list(self._direct):
-            del self._direct[did]
-            self._reply(did, Failure.unavailable("server is shutting down"))
-        for m in self._models.values():
-            self._request_stop(m, "shutdown")
-        self._stop_all.append(rid)
-        self._settle(now)
-        return self._flush()
-
-    def drain(self, now: float) -> list[Effect]:
-        """Shutdown begins: requests holding a lease finish, nothing else starts. Every
-        waiter and parked load is answered at once, and loads under way are killed (no
-        one waits for them); loaded children stay up until `stop_all`."""
-        self._closing = True
-        for wid, w in list(self._waiters.items()):
-            if w.queued:
-                self._queue.leave(w.model)
-            del self._waiters[wid]
-            self._reply(wid, Failure.unavailable("server is shutting down"))
-        for did in list(self._direct):
-            del self._direct[did]
-            self._reply(did, Failure.unavailable("server is shutting down"))
-        for m in self._models.values():
-            m.respawn_after_evictions = False
-            if m.status is Status.LOADING or m.spawn_pending:
-                self._request_stop(m, "shutdown")
-        self._settle(now)
-        return self._flush()
-
-    def reload(
-        self, rid: int, restart: Iterable[str], models: Iterable[ModelConfig], now: float
-    ) -> list[Effect]:
-        """A reload (§6.9): loads wait, the running models in ``restart`` (preset changed
-        or gone) are stopped, and once none of them runs ``models`` becomes the table and
-        ``rid`` is answered. A reload asked for meanwhile is folded in: its catalogue,
-        read later, wins, and both are answered together."""
-        names = set(restart)
-        if self._reload is None:
-            self._reload = PendingReload(rid, [rid], names, tuple(models))
-        else:
-            self._reload.rid = rid
-            self._reload.rids.append(rid)
-            self._reload.restart |= names
-            self._reload.models = tuple(models)
-        for name in sorted(names):
-            m = self._models.get(name)
-            if m is not None:
-                self._request_stop(m, "preset changed")
-        self._settle(now)
-        return self._flush()
-
-    def remove(self, rid: int, model: str, now: float) -> list[Effect]:
-        """``DELETE /models`` (§8): stop ``model``, then have its files deleted. From now on
-        requests for it fail as for an unknown model; the reload after the deletion
-        brings back whatever is left of it."""
-        m = self._models.get(model)
-        if m is None or m.removed:
-            self._reply(rid, Failure.server_error(f"model name={model} is not found"))
-            return self._flush()
-        m.removed = True
-        self._request_stop(m, "removed")
-        self._removals[rid] = model
-        self._settle(now)
-        return self._flush()
-
-    # ----- memory -----------------------------------------------------------------------
-
-    def set_estimate(self, model: str, need: Mapping[str, int] | None, now: float) -> list[Effect]:
-        """What loading ``model`` is expected to take per device (None: unknown)."""
-        if self.memory is not None:
-            self.memory.set_estimate(model, need)
-            self._settle(now)
-        return self._flush()
-
-    def memory_sampled(self, sample: MemorySample, version: int, now: float) -> list[Effect]:
-        """A reading asked for by a `SampleMemory` effect of the same ``version``."""
-        self._sampling = False
-        self._sample = sample
-        self._sampled_version = version
-        if self.memory is not None:
-            for name, m in self._models.items():
-                used = sample.footprint.get(m.pid) if m.pid else None
-                if used and m.status is Status.LOADED and not m.stopping:
-                    self.memory.true_up(name, used)  # what it really holds, from now on
-        self._settle(now)
-        return self._flush()
-
-    def memory_sample_failed(self, version: int, now: float) -> list[Effect]:
-        """The reading asked for by a `SampleMemory` of ``version`` could not be made.
-        As upstream settles a failed measurement: loads waiting for it go ahead without
-        the memory check (until the next change asks for a new reading)."""
-        self._sampling = False
-        self._sample_failed_version = version
-        self._settle(now)
-        return self._flush()
-
     # ----- child events ---------------------------------------------------------------
 
     def spawned(self, model: str, gen: int, port: int, pid: int, now: float) -> list[Effect]:
@@ -287,6 +182,7 @@ class SchedulerCore(Settling):
             m.oom_retried = False
             self._memory_changed()
             self._request_sample()  # learn what it really holds (true-up)
+            self._measure_again(model)
         elif state == "sleeping":
             m.status = Status.SLEEPING
             m.exit_code = 0
@@ -345,6 +241,16 @@ class SchedulerCore(Settling):
             del self._models[model]
         self._settle(now)
         return self._flush()
+
+    def _measure_again(self, model: str) -> None:
+        """A model whose measurement failed is measured again once it loaded (twice at
+        most): a projection made with the child up may well work."""
+        queue = self._measure
+        if queue is None:
+            return
+        tries = queue.failures.get(model, 0)
+        if 0 < tries < MAX_ATTEMPTS and not queue.pending(model):
+            queue.add([model])
 
     def _retry_after_oom(self, m: ModelState) -> bool:
         """A load that died of OOM while idle models were resident: evict them all and try

@@ -7,11 +7,13 @@ from typing import Any
 import attrs
 
 __all__ = [
+    "CancelMeasure",
     "DeleteFiles",
     "Effect",
     "Emit",
     "Failure",
     "Grant",
+    "Measure",
     "Reloaded",
     "Reply",
     "SampleMemory",
@@ -124,4 +126,22 @@ class DeleteFiles:
     model: str
 
 
-Effect = Spawn | Stop | Reply | Emit | SampleMemory | Reloaded | DeleteFiles
+@attrs.frozen
+class Measure:
+    """Have the engine project what ``model`` takes under configuration ``fingerprint``;
+    answer with ``measured`` or ``measure_failed``."""
+
+    model: str
+    fingerprint: str
+
+
+@attrs.frozen
+class CancelMeasure:
+    """The projection running for ``model`` is no longer wanted (removed, changed)."""
+
+    model: str
+
+
+Effect = (
+    Spawn | Stop | Reply | Emit | SampleMemory | Reloaded | DeleteFiles | Measure | CancelMeasure
+)

@@ -10,7 +10,7 @@ from troupe.sched.base import FAKE_TIMING_DELAY, CoreBase, DirectLoad, Waiter
 from troupe.sched.effects import DeleteFiles, Failure, Reloaded
 from troupe.sched.lru import evictions_needed, pick_victim
 from troupe.sched.status import Status
-from troupe.sched.table import ModelState
+from troupe.sched.table import ModelConfig, ModelState
 
 __all__ = ["Settling"]
 
@@ -29,6 +29,7 @@ class Settling(CoreBase):
             if gone is None or not gone.is_running:
                 del self._removals[rid]
                 self._models.pop(model, None)
+                self._forget_measurement(model)
                 self._out.append(DeleteFiles(rid, model))
         self._call_off_drains()
         busy_stopping = any(s.stopping for s in self._models.values())
@@ -55,6 +56,7 @@ class Settling(CoreBase):
         for rid, d in list(self._direct.items()):
             self._advance_direct(rid, d, now)
         self._tick()
+        self._measure_next()
         if self._stop_all and not any(m.is_running for m in self._models.values()):
             for rid in self._stop_all:
                 self._reply(rid, None)
@@ -69,6 +71,7 @@ class Settling(CoreBase):
         fresh = {c.name: c for c in pending.models}
         for name, m in list(self._models.items()):
             if name not in fresh:
+                self._forget_measurement(name)
                 if m.is_running:
                     m.removed = True  # dropped once its child is gone
                     self._request_stop(m, "removed from the catalogue")
@@ -76,6 +79,10 @@ class Settling(CoreBase):
                     del self._models[name]
         for name, config in fresh.items():
             existing = self._models.get(name)
+            if existing is None or existing.config.fingerprint != config.fingerprint:
+                self._forget_measurement(name)  # a new command line: measured again
+                if self._measure is not None:
+                    self._measure.add([name])
             if existing is None:
                 self._models[name] = ModelState(config)
                 continue
@@ -90,12 +97,19 @@ class Settling(CoreBase):
                 m.crashes.clear()
                 m.held_until = None
         if self.memory is not None:
-            for name, config in fresh.items():
-                self.memory.set_estimate(name, config.need)
+            for config in fresh.values():
+                self._apply_estimate(config)
         self._emit("*", "models_reload")
         self._out.append(Reloaded(pending.rid, tuple(pending.rids)))
         for rid in pending.rids:
             self._reply(rid, None)
+
+    def _apply_estimate(self, config: ModelConfig) -> None:
+        """The best figure known for ``config`` before it runs: the engine's projection
+        for this command line, else the catalogue's estimate."""
+        assert self.memory is not None
+        found = self._measure.of(config.name, config.fingerprint) if self._measure else None
+        self.memory.set_estimate(config.name, found.need if found else config.need)
 
     def _finish(self, rid: int, w: Waiter, result: Failure) -> None:
         del self._waiters[rid]
@@ -199,7 +213,19 @@ class Settling(CoreBase):
         sample, one eviction at a time) and answer False: the caller waits."""
         ledger = self.memory
         name = m.config.name
-        if ledger is None or ledger.need(name) is None:
+        if ledger is None:
+            return True
+        if (
+            self._measure is not None
+            and self._measure.pending(name)
+            and not ledger.effective.get(name)
+        ):
+            # Measured first (the engine's projection takes a fraction of a second;
+            # a failure or a timeout falls back to the estimate).
+            assert self._measure is not None
+            self._measure.bump(name)
+            return False
+        if ledger.need(name) is None:
             return True  # unknown need: load without the check, learn it once it is up
         if not self._sample_fresh():
             if self._sample_failed_version == self._mem_version:

@@ -90,6 +90,8 @@ class ModelView:
     draining_for: str | None = None  # it is being swapped out for this model
     memory_need: Mapping[str, int] | None = None  # what loading it takes (estimate or seen)
     memory_used: Mapping[str, int] | None = None  # what it was seen to hold once up
+    memory_source: str | None = None  # where memory_need comes from: observed/engine/estimate
+    memory_high: Mapping[str, int] | None = None  # the engine's figure at full context
 
 
 @attrs.frozen

@@ -7,6 +7,7 @@ and the fake should be ready in well under a second.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -36,6 +37,7 @@ _ROLE = {"role": "assistant", "content": None}  # the first chat delta, as upstr
 _PUBLIC = frozenset({"/health", "/v1/health"})
 _OAI_COMPLETIONS = frozenset({"/completions", "/v1/completions"})
 _CHAT = frozenset({"/chat/completions", "/v1/chat/completions"})
+_TRANSCRIPTIONS = frozenset({"/audio/transcriptions", "/v1/audio/transcriptions"})
 
 
 class BadRequest(Exception):
@@ -58,7 +60,7 @@ async def send_error(send: Send, message: str, type_: str) -> None:
     await send_json(send, status, body)
 
 
-async def read_json(receive: Receive) -> dict[str, Any]:
+async def read_body(receive: Receive) -> bytes:
     raw = bytearray()
     while True:
         msg = await receive()
@@ -66,7 +68,23 @@ async def read_json(receive: Receive) -> dict[str, Any]:
             raise ClientGone
         raw += msg.get("body", b"")
         if not msg.get("more_body", False):
-            break
+            return bytes(raw)
+
+
+def heard(body: bytes) -> str:
+    """What the fake "hears" in the WAV file of a multipart upload: its length and rate."""
+    start = body.find(b"RIFF")
+    if start < 0 or len(body) < start + 44:
+        raise BadRequest("no WAV file in the upload")
+    channels, rate = struct.unpack_from("<HI", body, start + 22)
+    bits = struct.unpack_from("<H", body, start + 34)[0]
+    size = struct.unpack_from("<I", body, start + 40)[0]
+    ms = size / (rate * channels * bits // 8) * 1000
+    return f"heard {ms:.0f} ms at {rate} Hz"
+
+
+async def read_json(receive: Receive) -> dict[str, Any]:
+    raw = await read_body(receive)
     try:
         body = json.loads(raw or b"{}")
     except ValueError as exc:
@@ -146,6 +164,12 @@ class FakeApp:
             tokens = [t for t in body.get("tokens", []) if isinstance(t, int)]
             async with st.busy():
                 await send_json(send, 200, {"content": detokenize(tokens)})
+        elif method == "POST" and path in _TRANSCRIPTIONS:
+            upload = await read_body(receive)
+            if not cfg.audio:
+                raise BadRequest("this model does not take audio (no audio projector)")
+            async with st.busy():
+                await send_json(send, 200, {"text": heard(upload)})
         elif method == "POST" and (path == "/completion" or path in _OAI_COMPLETIONS | _CHAT):
             body = await read_json(receive)
             kind = "native" if path == "/completion" else "chat" if path in _CHAT else "oai"
@@ -233,22 +257,14 @@ class FakeApp:
             log(f"fake: client disconnected after {turn.n_gen} of {n_tokens} tokens")
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Echo ``/v1/realtime``; ``{"type":"close","code":N,"reason":R}`` closes with N."""
+        """llama-server has no WebSocket endpoint: any upgrade is an HTTP 404."""
         await receive()  # websocket.connect
-        if self._route(scope) != "/v1/realtime" or not self.state.ready:
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        await send({"type": "websocket.accept"})
-        while (msg := await receive())["type"] == "websocket.receive":
-            text = msg.get("text")
-            if text is not None:
-                close = _close_request(text)
-                if close is not None:
-                    await send({"type": "websocket.close", "code": close[0], "reason": close[1]})
-                    return
-                await send({"type": "websocket.send", "text": text})
-            else:
-                await send({"type": "websocket.send", "bytes": msg.get("bytes") or b""})
+        data = dumps(
+            {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}
+        ).encode()
+        headers = [_SERVER, (b"content-type", _JSON)]
+        await send({"type": "websocket.http.response.start", "status": 404, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": data})
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
@@ -256,16 +272,6 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
-
-
-def _close_request(text: str) -> tuple[int, str] | None:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(data, dict) and data.get("type") == "close" and isinstance(data.get("code"), int):
-        return data["code"], str(data.get("reason", ""))
-    return None
 
 
 def _tokenize(body: dict[str, Any]) -> dict[str, object]:

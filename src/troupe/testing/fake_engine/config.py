@@ -29,6 +29,8 @@ KNOBS: tuple[Opt, ...] = (
     knob("sleep-idle", "seconds of idleness before sleeping; overrides --sleep-idle-seconds "
          "and may be fractional (default: -1 = never)", "SECONDS"),
     knob("shutdown-time", "seconds a graceful shutdown takes (default: 0)", "SECONDS"),
+    knob("audio", "take audio input: report the audio modality, answer "
+         "/v1/audio/transcriptions with the length and rate of the WAV heard"),
 )  # fmt: skip
 
 ALL_OPTIONS: tuple[Opt, ...] = OPTIONS + KNOBS
@@ -65,6 +67,7 @@ class FakeConfig:
     tps: float = 0.0
     tokens: int = 16
     shutdown_time: float = 0.0
+    audio: bool = False
     # what the command line asked for besides serving
     show_help: bool = False
     show_version: bool = False
@@ -122,6 +125,7 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
         load_gate=v.get("fake_load_gate") or None,
         load_crash=integer("fake_load_crash", -1),
         oom=flag("fake_oom"),
+        audio=flag("fake_audio"),
         crash_after=integer("fake_crash_after", -1),
         crash_code=integer("fake_crash_code", 1),
         ignore_exit=flag("fake_ignore_exit"),

@@ -61,7 +61,10 @@ def model_info(cfg: FakeConfig, size: int, created: int) -> dict[str, object]:
         "aliases": list(cfg.aliases) or ([cfg.model] if cfg.model else []),
         "tags": list(cfg.tags),
         "object": "model",
-        "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+        "architecture": {
+            "input_modalities": ["text", "audio"] if cfg.audio else ["text"],
+            "output_modalities": ["text"],
+        },
         "created": created,
         "owned_by": "llamacpp",
         "meta": {
@@ -113,7 +116,7 @@ def props(cfg: FakeConfig, sleeping: bool) -> dict[str, object]:
         "model_alias": cfg.model_name,
         "model_ftype": FAKE_META["ftype"],
         "model_path": cfg.model or "",
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": {"vision": False, "video": False, "audio": cfg.audio},
         "media_marker": "<__media_fake__>",
         "endpoint_slots": True,
         "endpoint_props": False,

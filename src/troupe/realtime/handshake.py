@@ -1,0 +1,156 @@
+"""`serve_realtime`: a WebSocket upgrade checked like any request, then a session.
+
+Order as llama.cpp's middleware: 503 until ready, the API key, the route (404), the
+model (resolved and validated exactly like a POST's). A refusal is an HTTP answer
+with upstream's JSON error body, so a client sees the same error as for a request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from functools import partial
+from typing import Protocol
+from urllib.parse import parse_qsl
+
+from troupe.catalog import ModelEntry
+from troupe.http.context import RouterContext
+from troupe.http.errors import JSON_TYPE, NOT_FOUND_BODY, failure_body, middleware_error_body
+from troupe.http.proxy_routes import autoload_flag, retry_after, validate_model
+from troupe.http.routing import strip_prefix
+from troupe.realtime.config import SessionConfig
+from troupe.realtime.events import RealtimeError
+from troupe.realtime.lease import ChildCall
+from troupe.realtime.session import Connection, Limits, Session, SessionModel
+from troupe.sched import Failure
+
+__all__ = ["REALTIME_PATHS", "WebSocketRequest", "serve_realtime"]
+
+log = logging.getLogger("troupe.realtime")
+
+REALTIME_PATHS = frozenset({"/v1/realtime", "/realtime"})
+KEY_SUBPROTOCOL = "openai-insecure-api-key."  # how browsers send a key (no headers there)
+LIMITS = Limits()  # per session: conversation length and size, buffered audio
+Headers = list[tuple[bytes, bytes]]
+
+
+class WebSocketRequest(Protocol):
+    """trio-websocket's server-side ``WebSocketRequest`` (or the ASGI adapter's)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def headers(self) -> Headers: ...
+
+    @property
+    def proposed_subprotocols(self) -> Sequence[str]: ...
+
+    async def accept(
+        self, *, subprotocol: str | None = None, extra_headers: Headers | None = None
+    ) -> Connection: ...
+
+    async def reject(
+        self, status_code: int, *, extra_headers: Headers | None = None, body: bytes | None = None
+    ) -> None: ...
+
+
+def _header(headers: Headers, name: bytes) -> str | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def client_key(request: WebSocketRequest) -> str | None:
+    """The API key the client sent: Authorization, X-Api-Key, or the browser subprotocol."""
+    given = _header(request.headers, b"authorization") or _header(request.headers, b"x-api-key")
+    if given:
+        return given.removeprefix("Bearer ")
+    for proto in request.proposed_subprotocols:
+        if proto.startswith(KEY_SUBPROTOCOL):
+            return proto[len(KEY_SUBPROTOCOL) :]
+    return None
+
+
+def model_modalities(
+    ctx: RouterContext, entry: ModelEntry
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The catalogue's modalities, replaced by what the child reported once loaded."""
+    inputs, outputs = entry.architecture.input_modalities, entry.architecture.output_modalities
+    view = ctx.scheduler.snapshot.models.get(entry.name)
+    info = view.loaded_info if view is not None else None
+    reported = info.get("architecture") if isinstance(info, dict) else None
+    if isinstance(reported, dict):
+        for key in ("input_modalities", "output_modalities"):
+            value = reported.get(key)
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                if key == "input_modalities":
+                    inputs = tuple(value)
+                else:
+                    outputs = tuple(value)
+    return inputs, outputs
+
+
+async def _reject(
+    request: WebSocketRequest, status: int, body: bytes, extra: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    headers = [(b"content-type", JSON_TYPE.encode()), (b"server", b"llama.cpp"), *extra]
+    await request.reject(status, extra_headers=headers, body=body)
+
+
+async def serve_realtime(ctx: RouterContext, request: WebSocketRequest) -> None:
+    """Serve one WebSocket upgrade: refuse it as HTTP, or run a realtime session."""
+    path, _, query = request.path.partition("?")
+    params: dict[str, str] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        params.setdefault(key, value)
+    if not ctx.ready:
+        body = middleware_error_body("Loading model", "unavailable_error", 503)
+        await _reject(request, 503, body)
+        return
+    api_key = client_key(request)
+    if ctx.settings.api_keys and api_key not in ctx.settings.api_keys:
+        log.warning("unauthorized: Invalid API Key")
+        body = middleware_error_body("Invalid API Key", "authentication_error", 401)
+        await _reject(request, 401, body)
+        return
+    if strip_prefix(path, ctx.settings.api_prefix) not in REALTIME_PATHS:
+        await _reject(request, 404, NOT_FOUND_BODY)
+        return
+    intent = params.get("intent", "")
+    if intent not in ("", "transcription"):
+        body = failure_body(Failure.bad_request(f"unknown intent '{intent}'"))
+        await _reject(request, 400, body)
+        return
+    autoload = autoload_flag(
+        {"query_string": query.encode("latin-1")}, ctx.settings.models_autoload
+    )
+    checked = validate_model(ctx, params.get("model", ""), autoload)
+    if isinstance(checked, Failure):
+        await _reject(request, checked.status, failure_body(checked), retry_after(checked))
+        return
+    entry = checked
+    subprotocol = "realtime" if "realtime" in request.proposed_subprotocols else None
+    conn = await request.accept(subprotocol=subprotocol)
+    kind = "transcription" if intent else "realtime"
+    config = SessionConfig(kind=kind, model=entry.name)
+    if kind == "transcription":
+        config = SessionConfig(kind=kind, model=entry.name, transcription={"model": entry.name})
+    model = SessionModel(
+        name=entry.name,
+        names=frozenset({entry.name, *entry.aliases, params["model"]}),
+        modalities=partial(model_modalities, ctx, entry),
+    )
+    call = ChildCall(ctx, entry.name, autoload, api_key if ctx.settings.api_keys else None)
+    session = Session(conn, model, call, config, LIMITS, stop=ctx.http_stop)
+    try:
+        await session.run()
+    except Exception:
+        # One_for_one: a bug here ends this session, with an error, and nothing else.
+        log.exception("realtime session for %s failed", entry.name)
+        error = RealtimeError("internal error in troupe's realtime session", type_="server_error")
+        with contextlib.suppress(Exception):  # the client may be gone already
+            await session.emit_error(error)
+            await conn.aclose(1011, "internal error")

@@ -1,0 +1,78 @@
+"""One request to the session's model: leased for its length, sent over the one transport.
+
+The lease is taken per request (a response, a transcription), never per connection,
+and bounded by ``--queue-timeout`` like an HTTP request's wait. The bytes go through
+the relay's pool (keyed by the child's generation); closing an unfinished answer
+stops the child's generation at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from troupe.actors.scheduler import ModelUnavailable
+from troupe.http.context import RouterContext
+from troupe.proxy.upstream import UpstreamResponse
+from troupe.sched import Failure, Grant
+from troupe.sched.base import FAKE_TIMING_DELAY
+
+__all__ = ["ChildCall"]
+
+CLOSE_GRACE = 2.0  # seconds to close a child's answer when the caller is gone
+
+
+class ChildCall:
+    def __init__(self, ctx: RouterContext, model: str, autoload: bool, api_key: str | None) -> None:
+        self.ctx = ctx
+        self.model = model
+        self.autoload = autoload
+        # Children inherit the router's keys; the client's key goes on, as the relay does.
+        self._auth = [(b"authorization", f"Bearer {api_key}".encode())] if api_key else []
+
+    async def post(
+        self,
+        target: str,
+        body: bytes,
+        content_type: str,
+        handle: Callable[[UpstreamResponse], Awaitable[None]],
+    ) -> None:
+        """Lease the model, POST ``body`` to ``target`` and give the answer to ``handle``.
+
+        Raises `ModelUnavailable` (upstream's error) or `UpstreamError`.
+        """
+
+        async def work(grant: Grant) -> None:
+            if self.ctx.fake_timing:
+                await trio.sleep(FAKE_TIMING_DELAY)  # counted busy meanwhile, like upstream
+            headers = [
+                (b"host", f"127.0.0.1:{grant.port}".encode()),
+                (b"content-type", content_type.encode()),
+                *self._auth,
+            ]
+            upstream = await self.ctx.relay.pool.request(grant, "POST", target, headers, body)
+            try:
+                await handle(upstream)
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
+                    await upstream.aclose()
+
+        await self._leased(work)
+
+    async def _leased(self, work: Callable[[Grant], Awaitable[None]]) -> None:
+        ctx, model = self.ctx, self.model
+        timeout = ctx.settings.queue_timeout
+        with trio.move_on_after(math.inf if timeout is None else timeout) as waiting:
+            async with ctx.scheduler.lease(
+                model, autoload=self.autoload, update_last_used=True
+            ) as grant:
+                waiting.deadline = math.inf  # only the wait is bounded, not the answer
+                await work(grant)
+                return
+        view = ctx.scheduler.snapshot.models.get(model)
+        state = f" (it is {view.status})" if view is not None else ""
+        raise ModelUnavailable(
+            Failure.unavailable(f"timed out after {timeout:g} s waiting for model {model}{state}")
+        )
