@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from troupe.engine import find_engine
 from troupe.errors import EngineNotFound
 from troupe.testing import write_fake_engine, write_tiny_models
+from troupe.testing.hub import Hub, open_hub, tiny_repo_files
 from troupe.testing.router import RouterFactory, RunningRouter, open_router, write_preset
 
 TINY_MODELS = ("tiny-a", "tiny-b", "tiny-c")
@@ -87,3 +89,19 @@ def fake_router(fake_engine_path: Path, tmp_path: Path) -> RouterFactory:
         )
 
     return factory
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    """A Hugging Face-compatible hub on loopback (``troupe.testing.hub``), empty."""
+    with open_hub() as h:
+        yield h
+
+
+@pytest.fixture(scope="session")
+def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``m-Q4_K_M.gguf``, ``m-Q8_0.gguf`` and ``mmproj-m-F16.gguf`` (~1.3 MB each; the
+    "mmproj" is a tiny llama too, so only for tests that do not load it)."""
+    return tiny_repo_files(
+        tmp_path_factory.mktemp("repo"), "m-Q4_K_M.gguf", "m-Q8_0.gguf", "mmproj-m-F16.gguf"
+    )

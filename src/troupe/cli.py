@@ -39,6 +39,7 @@ _SINGLE_MODEL_ENVS = (
     "LLAMA_ARG_HF_REPO",
     "LLAMA_ARG_DOCKER_REPO",
 )
+_HF_REPO_ENV = "LLAMA_ARG_HF_REPO"
 _HELP_FLAGS = ("-h", "--help", "--usage")
 
 
@@ -72,6 +73,14 @@ def _main(args: list[str]) -> int:
         from troupe.commands.doctor import run_doctor  # noqa: PLC0415
 
         return run_doctor(rest)
+    if command == "pull":
+        from troupe.commands.pull import run_pull  # noqa: PLC0415
+
+        return run_pull(rest)
+    if command == "import":
+        from troupe.commands.importer import run_import  # noqa: PLC0415
+
+        return run_import(rest)
     raise UsageError(f"unknown command '{command}' (try: troupe --help)")
 
 
@@ -129,6 +138,40 @@ def _is_single_model(cli: dict[EngineOption, str]) -> bool:
     return any(e in envs or os.environ.get(e) for e in _SINGLE_MODEL_ENVS)
 
 
+def _remote_preset(
+    cli: dict[EngineOption, str], table: OptionTable
+) -> dict[EngineOption, str] | None:
+    """``-hf org/repo`` naming a repository with ``preset.ini`` at its root: the command
+    line of a router over that preset (spec §1.1); None for a model (the engine runs it)."""
+    envs = {opt.env: value for opt, value in cli.items() if value}
+    if any(e in envs or os.environ.get(e) for e in _SINGLE_MODEL_ENVS if e != _HF_REPO_ENV):
+        return None
+    hf_repo = envs.get(_HF_REPO_ENV) or os.environ.get(_HF_REPO_ENV, "")
+    if not hf_repo:
+        return None
+    from troupe.download.hubapi import hf_token  # noqa: PLC0415  (network code, only here)
+    from troupe.download.remote_preset import fetch_remote_preset, warn_remote_preset  # noqa: PLC0415
+
+    offline = envs.get("LLAMA_ARG_OFFLINE", os.environ.get("LLAMA_ARG_OFFLINE", "0")) not in (
+        "0",
+        "false",
+        "",
+    )
+    token = hf_token(os.environ, envs.get("HF_TOKEN"))
+    path = fetch_remote_preset(hf_repo, os.environ, token, offline=offline)
+    if path is None:
+        return None
+    warn_remote_preset(hf_repo)
+    found = table.by_spelling("--models-preset")
+    assert found is not None
+    # The model fields are cleared: children must not inherit -hf from the command line
+    # or from the environment the router passes on.
+    os.environ.pop(_HF_REPO_ENV, None)
+    out = {opt: value for opt, value in cli.items() if opt.env != _HF_REPO_ENV}
+    out[found[0]] = str(path)
+    return out
+
+
 def prepare_router(args: Sequence[str]) -> tuple[Engine, OptionTable, RouterSettings] | list[str]:
     """Resolve engine, option table and settings; or the argv to exec for single-model mode."""
     own, rest = split_troupe_flags(args)
@@ -143,7 +186,10 @@ def prepare_router(args: Sequence[str]) -> tuple[Engine, OptionTable, RouterSett
     table = with_router_options(load_option_table(engine.path))
     cli = parse_engine_args(rest, table)
     if _is_single_model(cli):
-        return [str(engine.path), *rest]
+        preset_cli = _remote_preset(cli, table)
+        if preset_cli is None:
+            return [str(engine.path), *rest]
+        cli = preset_cli
     file_opts: dict[EngineOption, str] = {}
     file_own: dict[EngineOption, str] = {}
     if config is not None and config_path is not None:

@@ -16,6 +16,8 @@ commands:
   serve      run the router (the default when the first word is a flag)
   models     list the models troupe would serve, and their status
   doctor     show devices, the engine troupe picked and why, and what fits
+  pull       download org/repo[:TAG] from Hugging Face into the HF cache (resumable)
+  import     copy or link a local GGUF (and its mmproj) into a --models-dir
 
 options:
   -h, --help     show this help (and `troupe serve --help` for every flag)
@@ -25,6 +27,7 @@ examples:
   troupe serve --models-dir ./models
   troupe serve --models-preset configs/demo.ini --host 0.0.0.0 --port 8080
   troupe serve --models-dir ./models --models-max 2 --ctx-size 4096
+  troupe pull ggml-org/gemma-3-270m-it-GGUF:Q8_0
 """
 
 SERVE_HELP = """\

@@ -14,12 +14,16 @@ import attrs
 import trio
 
 from troupe.catalog.prepared import PreparedCatalog
+from troupe.download.plan import DownloadPlan
 from troupe.sched.effects import Failure, Grant
 from troupe.sched.memory import MemorySample
 
 __all__ = [
     "Acquire",
     "ChildState",
+    "DownloadFailed",
+    "DownloadFinished",
+    "DownloadProgress",
     "Drain",
     "Exited",
     "LoadModel",
@@ -34,6 +38,7 @@ __all__ = [
     "ReplyChannel",
     "Rescanned",
     "Spawned",
+    "StartDownload",
     "StopAll",
     "UnloadModel",
 ]
@@ -171,6 +176,43 @@ class Exited:
     oom: bool = False  # its log said it ran out of memory
 
 
+@attrs.frozen
+class StartDownload:
+    """``POST /models``: ``plan`` as the hub answered, or None with why not (``error``)."""
+
+    rid: int
+    name: str
+    plan: DownloadPlan | None
+    error: str
+    error_status: int
+    reply: ReplyChannel
+
+
+@attrs.frozen
+class DownloadProgress:
+    """Bytes received so far, per file URL, for every file of download ``job``."""
+
+    name: str
+    job: int
+    progress: Mapping[str, tuple[int, int]]  # url -> (done, total)
+
+
+@attrs.frozen
+class DownloadFinished:
+    name: str
+    job: int
+    listed: str  # the name the catalogue lists it under: org/repo:TAG
+
+
+@attrs.frozen
+class DownloadFailed:
+    name: str
+    job: int
+    reason: str
+    status: int = 0  # the hub's HTTP status when it refused (404, 401...), else 0
+    cancelled: bool = False  # troupe stopped it (an unload, a DELETE, a shutdown)
+
+
 Message = (
     Acquire
     | Release
@@ -188,4 +230,8 @@ Message = (
     | Spawned
     | ChildState
     | Exited
+    | StartDownload
+    | DownloadProgress
+    | DownloadFinished
+    | DownloadFailed
 )

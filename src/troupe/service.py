@@ -124,6 +124,7 @@ async def serve_router(
             log.log(max(logging.INFO, log.getEffectiveLevel()), "listening on %s", url)
         log.log(max(logging.INFO, log.getEffectiveLevel()), "%s", ready_line(ctx, urls))
         task_status.started(urls)
+        await ctx.downloads.resume(ctx.scheduler)
         await ctx.load_on_startup()
 
 

@@ -66,7 +66,6 @@ async def test_post_models_validates_like_upstream(
                 "error: invalid HF repo format, expected <user>/<model>[:quant]\n",
             ),
             ({"model": "org/repo:Q8_0"}, 400, "model 'org/repo:Q8_0' already exists"),
-            ({"model": "org/new"}, 501, "downloading models is not supported by troupe yet"),
         ]
         for body, status, message in cases:
             resp = await http.post("/models", json=body)

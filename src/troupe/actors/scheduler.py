@@ -3,7 +3,7 @@
 It owns the core (the only writer of the model table), the catalogue the table was
 built from, the instance actors, and the reply channels of everyone waiting. The
 rest of the program talks to it through the methods here: `lease`, `load`, `unload`,
-`reload`, `remove`, `drain`, `stop_all`, `subscribe`, `snapshot`.
+`reload`, `remove`, `start_download`, `drain`, `stop_all`, `subscribe`, `snapshot`.
 
 Anything that spans an await and changes shared state (a reload waiting for stopped
 children, a removal deleting files) is a message it carries out in its own nursery,
@@ -18,13 +18,17 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import attrs
 import trio
 
+from troupe.actors.download_supervisor import DownloadLauncher
 from troupe.actors.events import EventBus
 from troupe.actors.memory import MemorySampler
-from troupe.actors.scheduler_effects import ChildTransport, EffectRunner, Launcher
+from troupe.actors.scheduler_downloads import DownloadRunner
+from troupe.actors.scheduler_effects import ChildTransport, Launcher
 from troupe.catalog.prepared import PreparedCatalog
 from troupe.child.ledger import PidLedger
+from troupe.download.plan import DownloadPlan
 from troupe.messages import (
     Acquire,
     ChildState,
@@ -40,6 +44,7 @@ from troupe.messages import (
     ReplyChannel,
     Rescanned,
     Spawned,
+    StartDownload,
     StopAll,
     UnloadModel,
 )
@@ -57,7 +62,7 @@ class ModelUnavailable(Exception):
         self.failure = failure
 
 
-class Scheduler(EffectRunner):
+class Scheduler(DownloadRunner):
     def __init__(
         self,
         core: SchedulerCore,
@@ -68,11 +73,13 @@ class Scheduler(EffectRunner):
         inbox_size: int = 1024,
         sampler: MemorySampler | None = None,
         transport: ChildTransport | None = None,
+        downloads: DownloadLauncher | None = None,
     ) -> None:
         send, recv = trio.open_memory_channel[Message](inbox_size)
         super().__init__(
             core, launcher, catalogue, bus or EventBus(), ledger, sampler, send, transport
         )
+        self._init_downloads(downloads)
         self._recv = recv
         self._ids = itertools.count(1)
         self._snapshot = core.snapshot()
@@ -88,6 +95,8 @@ class Scheduler(EffectRunner):
         changes in-flight counts twice per request)."""
         if self._stale:
             self._snapshot = self._core.snapshot()
+            if downloads := self._downloads.views():
+                self._snapshot = attrs.evolve(self._snapshot, downloads=downloads)
             self._stale = False
         return self._snapshot
 
@@ -213,6 +222,15 @@ class Scheduler(EffectRunner):
         """``DELETE /models``: stop ``model``, delete its cache files, reload (§8)."""
         await self._ask(lambda rid, reply: RemoveModel(rid, model, reply))
 
+    async def start_download(
+        self, name: str, plan: DownloadPlan | None, error: str = "", error_status: int = 0
+    ) -> None:
+        """``POST /models``: a ``downloading`` entry and its job; `ModelUnavailable` (400)
+        when the name exists or its files are being written by another download."""
+        await self._ask(
+            lambda rid, reply: StartDownload(rid, name, plan, error, error_status, reply)
+        )
+
     async def drain(self) -> None:
         """Shutdown's first step: every waiter is answered, no load starts, leases held
         now may finish (see `wait_until` for in-flight counts)."""
@@ -235,6 +253,7 @@ class Scheduler(EffectRunner):
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._downloads.nursery = nursery
             task_status.started()
             while True:
                 deadline = self._core.next_deadline()
@@ -251,6 +270,8 @@ class Scheduler(EffectRunner):
 
     def _dispatch(self, msg: Message, now: float) -> list[Effect]:
         core = self._core
+        if (effects := self._dispatch_download(msg)) is not None:
+            return effects
         match msg:
             case Acquire():
                 self._replies[msg.rid] = msg.reply
@@ -273,6 +294,7 @@ class Scheduler(EffectRunner):
                 return core.unload(msg.rid, msg.model, now)
             case StopAll():
                 self._replies[msg.rid] = msg.reply
+                self._downloads.stop_all()  # paused: the journal resumes them next start
                 return core.stop_all(msg.rid, now)
             case Drain():
                 self._replies[msg.rid] = msg.reply

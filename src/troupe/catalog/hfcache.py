@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import pwd
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import attrs
 
@@ -43,6 +44,14 @@ _RE_COMMIT = re.compile(r"[0-9A-Fa-f]{40}\Z")
 _RE_DIGITS = re.compile(r"[0-9]+")
 _EXCLUDED = ("mmproj", "mtp-", "eagle3-", "dflash-", "dspark-")
 _NOT_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+
+
+class _HasPath(Protocol):
+    @property
+    def path(self) -> str: ...  # path inside the repository, with "/" separators
+
+
+_F = TypeVar("_F", bound=_HasPath)  # a cached file, or one listed by the hub
 
 
 @attrs.frozen
@@ -221,7 +230,7 @@ def _is_model_file(path: str) -> bool:
     return not any(x in name for x in _NOT_MODEL)
 
 
-def find_best_model(files: list[CachedFile], tag: str) -> CachedFile | None:
+def find_best_model(files: Sequence[_F], tag: str) -> _F | None:
     """The file ``-hf repo:tag`` would load: the tag (default Q4_K_M, Q8_0), else the first."""
     for t in [tag] if tag else ["Q4_K_M", "Q8_0"]:
         try:
@@ -248,12 +257,12 @@ def _quant_bits(tag: str) -> int:
     return int(m.group()) if m else 0
 
 
-def find_best_mmproj(files: list[CachedFile], model: str) -> CachedFile | None:
+def find_best_mmproj(files: Sequence[_F], model: str) -> _F | None:
     """``find_best_sibling(files, model, "mmproj")``: deepest shared directory, then
     the closest quantisation to the model's."""
     model_bits = _quant_bits(split_info(model).tag)
     model_dirs = model.split("/")[:-1]
-    best: CachedFile | None = None
+    best: _F | None = None
     best_depth = best_diff = 0
     for f in files:
         if not f.path.endswith(".gguf") or "mmproj" not in f.path:

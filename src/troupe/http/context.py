@@ -29,6 +29,7 @@ from troupe.catalog.memory import model_need
 from troupe.catalog.prepared import PreparedCatalog
 from troupe.catalog.removal import remove_cached
 from troupe.child.ledger import PidLedger, default_state_dir
+from troupe.download.router import RouterDownloads
 from troupe.engine import Engine
 from troupe.errors import ConfigError, TroupeError
 from troupe.gguf import ModelFacts
@@ -102,8 +103,16 @@ class RouterContext:
         self.metrics = RouterMetrics(settings.api_prefix)  # troupe.ops: fed by the scheduler
         self.logs = ModelLogs()  # every model's log, across its children
         self.relay = Relay(float(settings.timeout), observe=self.metrics.observe_relay)
+        token = next((v for o, v in settings.base_args if o.long_name == "--hf-token"), None)
+        self.downloads = RouterDownloads(environ, state_dir, token)  # POST /models
         self.scheduler = Scheduler(
-            core, self, prepared, ledger=ledger, sampler=sampler, transport=self.relay
+            core,
+            self,
+            prepared,
+            ledger=ledger,
+            sampler=sampler,
+            transport=self.relay,
+            downloads=self.downloads,
         )
         self.scheduler.add_listener(self.metrics.on_event)
         self.scheduler.add_listener(self.logs.on_event)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 from troupe.catalog import ModelEntry
 from troupe.catalog.facts import facts_json
 from troupe.hardware.feasibility import feasibility
 from troupe.http.context import RouterContext
-from troupe.sched import ModelView
+from troupe.sched import ModelView, Snapshot, Status
+from troupe.sched.downloads import DownloadView
 
-__all__ = ["EXTRA_KEY", "model_item", "models_list"]
+__all__ = ["EXTRA_KEY", "download_item", "model_item", "models_list", "settled_downloads"]
 
 EXTRA_KEY = "troupe"  # upstream clients ignore unknown keys; everything of ours lives here
 
@@ -101,9 +104,47 @@ def model_item(ctx: RouterContext, entry: ModelEntry, created: int, now: float) 
     return item
 
 
-def models_list(ctx: RouterContext, created: int) -> dict[str, Any]:
-    import trio  # noqa: PLC0415
+def download_item(view: DownloadView, created: int) -> dict[str, Any]:
+    """A ``downloading``/``downloaded`` entry (§3.3): source cache, no aliases or tags,
+    no preset; troupe has no download child, so no child arguments either."""
+    progress = {url: {"done": d, "total": t} for url, (d, t) in view.progress.items()}
+    extras: dict[str, Any] = {"download": {"progress": progress}}
+    if view.error is not None:
+        extras["download"].update(error=view.error, status=view.error_status or None)
+    if view.listed is not None:
+        extras["download"]["listed_as"] = view.listed
+    return {
+        "id": view.name,
+        "aliases": [],
+        "tags": [],
+        "object": "model",
+        "owned_by": "llamacpp",
+        "created": created,
+        "status": {"value": str(view.status), "args": []},
+        "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+        "source": "cache",
+        "can_remove": True,
+        EXTRA_KEY: extras,
+    }
 
+
+async def settled_downloads(ctx: RouterContext, within: float = 10.0) -> None:
+    """Wait (a little) for the reload that follows an ended download, so a ``GET /models``
+    after ``download_finished`` lists the model under its new name, as upstream's
+    implicit reload does. Only a wait: the reload itself is not this request's."""
+
+    def settled(snap: Snapshot) -> bool:
+        return not any(v.status is Status.DOWNLOADED for v in snap.downloads.values())
+
+    with trio.move_on_after(within):
+        await ctx.scheduler.wait_until(settled)
+
+
+def models_list(ctx: RouterContext, created: int) -> dict[str, Any]:
     now = trio.current_time()
-    data = [model_item(ctx, e, created, now) for e in ctx.catalog.visible()]
-    return {"data": data, "object": "list"}
+    items = [(e.name, model_item(ctx, e, created, now)) for e in ctx.catalog.visible()]
+    for name, view in ctx.scheduler.snapshot.downloads.items():
+        if ctx.catalog.get(name) is None:
+            items.append((name, download_item(view, created)))
+    items.sort(key=lambda item: item[0].encode())
+    return {"data": [item for _, item in items], "object": "list"}

@@ -18,7 +18,7 @@ from troupe.catalog.hfcache import split_repo_tag
 from troupe.errors import ConfigError
 from troupe.http.context import RouterContext
 from troupe.http.errors import JSON_TYPE, dumps, error_body, failure_body, status_of
-from troupe.http.models_json import models_list
+from troupe.http.models_json import models_list, settled_downloads
 from troupe.http.streams import register_stream_routes
 from troupe.ops.routes import register_ops_routes
 from troupe.sched import Failure
@@ -93,6 +93,7 @@ def create_local_app(ctx: RouterContext) -> QuartTrio:
                 await ctx.scheduler.reload()
             except ModelUnavailable as exc:
                 return _failure(exc.failure)
+        await settled_downloads(ctx)
         return _json(models_list(ctx, int(time.time())))
 
     @app.post(prefix + "/models/load")
@@ -101,6 +102,8 @@ def create_local_app(ctx: RouterContext) -> QuartTrio:
         if isinstance(name, Response):
             return name
         entry = ctx.catalog.resolve(name)
+        if entry is None and name in ctx.scheduler.snapshot.downloads:
+            return _json({"success": True})  # upstream: not unloaded, so nothing to do
         if entry is None:
             return _error("model is not found", "not_found_error")
         rejected = ctx.rejection(entry)
@@ -125,6 +128,12 @@ def create_local_app(ctx: RouterContext) -> QuartTrio:
         if isinstance(name, Response):
             return name
         entry = ctx.catalog.resolve(name)
+        if entry is None and name in ctx.scheduler.snapshot.downloads:
+            try:  # a download: answered once its job has ended (§3.4)
+                await ctx.scheduler.unload(name)
+            except ModelUnavailable as exc:
+                return _failure(exc.failure)
+            return _json({"success": True})
         if entry is None:
             return _error("model is not found", "invalid_request_error")
         try:
@@ -156,9 +165,14 @@ def create_local_app(ctx: RouterContext) -> QuartTrio:
             split_repo_tag(name)
         except ConfigError as exc:
             return _error(f"{exc}\n", "invalid_request_error")  # upstream's ends with a newline
-        if ctx.catalog.resolve(name) is not None:
+        if ctx.catalog.resolve(name) is not None or name in ctx.scheduler.snapshot.downloads:
             return _error(f"model '{name}' already exists", "invalid_request_error")
-        return _error("downloading models is not supported by troupe yet", "not_supported_error")
+        plan, why, status = await ctx.downloads.plan(name)
+        try:
+            await ctx.scheduler.start_download(name, plan, why, status)
+        except ModelUnavailable as exc:
+            return _failure(exc.failure)
+        return _json({"success": True})
 
     @app.delete(prefix + "/models")
     async def remove() -> Response:

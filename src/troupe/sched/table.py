@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from troupe.sched.downloads import DownloadView
 from troupe.sched.memory import DeviceMemory
 from troupe.sched.status import Status
 
@@ -103,6 +104,7 @@ class Snapshot:
     queue: tuple[tuple[str, int], ...]  # (model, waiters) in queue order
     devices: tuple[DeviceMemory, ...] = ()  # the last memory reading, if any
     recent_swaps: tuple[float, ...] = ()  # when a model was stopped for another, last minute
+    downloads: Mapping[str, DownloadView] = attrs.field(factory=dict)  # by requested name
 
     def swaps_since(self, since: float) -> int:
         """Swaps (a model stopped to make room for another) after ``since`` (Trio time)."""

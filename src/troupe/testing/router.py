@@ -70,11 +70,14 @@ async def open_router(
     environ: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> AsyncIterator[RunningRouter]:
-    """Run a router with ``args`` (``--port 0`` unless a port is given) until the block ends."""
+    """Run a router with ``args`` (``--port 0`` and ``--state-dir state_dir`` unless given)
+    until the block ends."""
     env = dict(os.environ if environ is None else environ)
     argv = list(args)
     if "--port" not in argv:
         argv += ["--port", "0"]
+    if "--state-dir" not in argv:  # the journal and observed memory stay with the test
+        argv += ["--state-dir", str(state_dir)]
     table = with_router_options(load_option_table(engine))
     own, rest = split_troupe_flags(argv)
     settings = build_settings(table, parse_engine_args(rest, table), own, env)

@@ -136,6 +136,8 @@ OPTIONS: tuple[Opt, ...] = (
        "example: ggml-org/GLM-4.7-Flash-GGUF:Q4_K_M\n"
        "(default: unused)", "<user>/<model>[:quant]",
        env="LLAMA_ARG_HF_REPO", section=_C, dest="hf_repo"),
+    _o("-hft,--hf-token", "Hugging Face access token (default: value from HF_TOKEN "
+       "environment variable)", "TOKEN", env="HF_TOKEN", section=_C),
     _o("--offline", "Offline mode: forces use of cache, prevents network access",
        env="LLAMA_ARG_OFFLINE", section=_C),
     _o("-v,--verbose,--log-verbose", "Set verbosity level to infinity (i.e. log all messages, "
