@@ -203,7 +203,9 @@ async def test_a_failed_memory_reading_does_not_hold_loads_forever(
         with router.ctx.scheduler.subscribe() as events, trio.fail_after(30):
             resp = await complete(http, "a")
             assert resp.status_code == 200, resp.text
-            warnings = [e for e in drain(events) if e["event"] == "troupe_memory"]
+            warnings = [
+                e for e in drain(events) if e["event"] == "troupe_memory" and "warning" in e["data"]
+            ]
         assert "memory could not be read" in warnings[0]["data"]["warning"]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import subprocess
 from collections.abc import Mapping, Sequence
+from contextlib import aclosing
 
 import attrs
 import trio
@@ -59,20 +60,21 @@ async def read_projection(stream: trio.abc.ReceiveStream) -> Projection | None:
     log ends or the engine starts loading without one."""
     blocks: list[list[BreakdownRow]] = []
     in_block = False
-    async for line in iter_lines(stream):
-        if _HEADER in line:
-            blocks.append([])
-            in_block = True
-            continue
-        row = parse_breakdown_line(line) if in_block else None
-        if row is not None:
-            blocks[-1].append(row)
-            continue
-        in_block = False
-        if any(marker in line for marker in _FIT_DONE) and blocks:
-            break
-        if any(marker in line for marker in _TOO_LATE):
-            break
+    async with aclosing(iter_lines(stream)) as lines:
+        async for line in lines:
+            if _HEADER in line:
+                blocks.append([])
+                in_block = True
+                continue
+            row = parse_breakdown_line(line) if in_block else None
+            if row is not None:
+                blocks[-1].append(row)
+                continue
+            in_block = False
+            if any(marker in line for marker in _FIT_DONE) and blocks:
+                break
+            if any(marker in line for marker in _TOO_LATE):
+                break
     blocks = [b for b in blocks if b]
     if not blocks:
         return None

@@ -13,6 +13,7 @@ so a client that gives up half-way leaves nothing half-done.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -35,6 +36,8 @@ from troupe.messages import (
     Drain,
     Exited,
     LoadModel,
+    Measured,
+    MeasureFailed,
     MemorySampled,
     MemorySampleFailed,
     Message,
@@ -52,6 +55,8 @@ from troupe.sched import Effect, Failure, Grant, Reply, SchedulerCore, Snapshot
 from troupe.sched.memory import MemoryLedger
 
 __all__ = ["Launcher", "ModelUnavailable", "Scheduler"]
+
+log = logging.getLogger("troupe.scheduler")
 
 
 class ModelUnavailable(Exception):
@@ -333,6 +338,13 @@ class Scheduler(DownloadRunner):
                 return effects
             case MemorySampleFailed():
                 return core.memory_sample_failed(msg.version, now)
+            case Measured():
+                self._measure_done(msg.model, msg.fingerprint)
+                return core.measured(msg.model, msg.fingerprint, msg.need, msg.high, now)
+            case MeasureFailed():
+                self._measure_done(msg.model, msg.fingerprint)
+                log.info("%s: no projection from the engine: %s", msg.model, msg.reason)
+                return core.measure_failed(msg.model, msg.fingerprint, msg.reason, now)
         raise AssertionError(f"unknown message {msg!r}")
 
     def _publish(self) -> None:

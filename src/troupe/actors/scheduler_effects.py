@@ -16,12 +16,14 @@ import trio
 
 from troupe.actors.events import EventBus
 from troupe.actors.instance import Instance, LaunchSpec
+from troupe.actors.measure import MeasureJob
 from troupe.actors.memory import MemorySampler
 from troupe.catalog import needs_restart
 from troupe.catalog.prepared import PreparedCatalog
 from troupe.child.ledger import PidLedger
 from troupe.errors import ConfigError
 from troupe.messages import (
+    MeasureFailed,
     MemorySampled,
     MemorySampleFailed,
     Message,
@@ -39,7 +41,7 @@ from troupe.sched import (
     Spawn,
     Stop,
 )
-from troupe.sched.effects import DeleteFiles, Reloaded
+from troupe.sched.effects import CancelMeasure, DeleteFiles, Measure, Reloaded
 
 __all__ = ["ChildTransport", "EffectRunner", "Launcher"]
 
@@ -61,6 +63,9 @@ class Launcher(Protocol):
     threads, one at a time each."""
 
     def launch_spec(self, model: str) -> LaunchSpec: ...
+
+    def measure_command(self, model: str) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment of ``model``'s child, for a measurement."""
 
     def scan(self) -> PreparedCatalog:
         """Read every model source again (ConfigError when one is broken)."""
@@ -95,6 +100,7 @@ class EffectRunner:
         self._send = send
         self._replies: dict[int, ReplyChannel] = {}
         self._instances: dict[str, Instance] = {}
+        self._measures: dict[str, MeasureJob] = {}  # model -> its running measurement
         self._nursery: trio.Nursery | None = None
         self._remembered: dict[str, Mapping[str, int]] = {}
         self._scanned: dict[int, PreparedCatalog] = {}  # reloads the core has not done yet
@@ -151,6 +157,12 @@ class EffectRunner:
                     self.bus.publish(event)
                 case Reloaded():
                     self._swap_catalogue(effect)
+                case Measure():
+                    self._start_measure(effect)
+                case CancelMeasure():
+                    job = self._measures.pop(effect.model, None)
+                    if job is not None:
+                        job.cancel()
                 case DeleteFiles():
                     self._removing[effect.rid] = effect.model
                     self._start_scan(effect.rid, effect.model)
@@ -161,6 +173,23 @@ class EffectRunner:
                 listener(event)
             except Exception:  # a listener's bug must not take the scheduler down
                 log.exception("event listener %r failed", listener)
+
+    def _start_measure(self, effect: Measure) -> None:
+        assert self._nursery is not None
+        try:
+            argv, env = self._launcher.measure_command(effect.model)
+        except Exception as exc:  # a model that cannot be rendered is not measured
+            log.warning("cannot measure %s: %s", effect.model, exc)
+            self._send.send_nowait(MeasureFailed(effect.model, effect.fingerprint, str(exc)))
+            return
+        job = MeasureJob(effect.model, effect.fingerprint, argv, env, self._send.clone())
+        self._measures[effect.model] = job
+        self._nursery.start_soon(job.run)
+
+    def _measure_done(self, model: str, fingerprint: str) -> None:
+        job = self._measures.get(model)
+        if job is not None and job.fingerprint == fingerprint:
+            del self._measures[model]
 
     def _spawn(self, effect: Spawn, now: float) -> list[Effect]:
         assert self._nursery is not None

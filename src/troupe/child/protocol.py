@@ -7,7 +7,7 @@ to stderr) and reads ``cmd_router_to_child:exit`` on stdin; it exits on stdin EO
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import attrs
@@ -46,7 +46,7 @@ def parse_state_line(line: str) -> StateLine | None:
     return StateLine(data["state"], data.get("payload"))
 
 
-async def iter_lines(stream: trio.abc.ReceiveStream) -> AsyncIterator[str]:
+async def iter_lines(stream: trio.abc.ReceiveStream) -> AsyncGenerator[str, None]:
     """Decoded lines of ``stream`` (without the newline); a last partial line included.
 
     A line longer than `MAX_LINE` is dropped rather than buffered without bound.

@@ -29,6 +29,7 @@ from troupe.catalog.memory import model_need
 from troupe.catalog.prepared import PreparedCatalog
 from troupe.catalog.removal import remove_cached
 from troupe.child.ledger import PidLedger, default_state_dir
+from troupe.child.ports import free_port
 from troupe.download.router import RouterDownloads
 from troupe.engine import Engine
 from troupe.errors import ConfigError, TroupeError
@@ -96,6 +97,7 @@ class RouterContext:
             queue_max=settings.queue_max,
             memory=MemoryLedger(margin) if margin is not None else None,
             drain_after=settings.drain_after,
+            measure=True,  # the engine's own projection, for every model it can read
         )
         sampler = MemorySampler(self._reader) if margin is not None else None
         # One transport for every byte sent to a child; the scheduler tells it when a
@@ -206,6 +208,12 @@ class RouterContext:
             load_timeout=self.settings.load_timeout,
             log_sink=self.logs.writer(model),
         )
+
+    def measure_command(self, model: str) -> tuple[list[str], dict[str, str]]:
+        entry = self.catalog.get(model)
+        if entry is None:
+            raise ConfigError(f"model {model} is not in the catalogue")
+        return self.render_args(entry, free_port()), dict(self.environ)
 
     def render_args(self, entry: ModelEntry, port: int) -> list[str]:
         return self.catalog.child_args(

@@ -64,9 +64,12 @@ def _memory(ctx: RouterContext, view: ModelView | None) -> dict[str, Any] | None
         ram_total=ctx.devices.host.total,
         gpu_totals=[g.total for g in ctx.devices.gpus],
     )
+    assert view is not None
     return {
         "need_bytes": dict(need),
-        "used_bytes": dict(view.memory_used) if view and view.memory_used else None,
+        "source": view.memory_source,  # "engine" (its own projection) or "estimate"
+        "need_at_full_context_bytes": dict(view.memory_high) if view.memory_high else None,
+        "used_bytes": dict(view.memory_used) if view.memory_used else None,
         "feasibility": str(report.colour),
         "why": report.explain(),
     }

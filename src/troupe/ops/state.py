@@ -92,8 +92,8 @@ def _memory_families(state: ScrapeState) -> list[Metric]:
         for device, n in sorted((view.memory_need or {}).items()):
             need.add_metric([view.name, device], n)
         holds = view.status in (Status.LOADING, Status.LOADED)
-        if holds and view.memory_need:
-            for device, n in sorted(view.memory_need.items()):
+        if holds and view.memory_reserved:
+            for device, n in sorted(view.memory_reserved.items()):
                 reserved.add_metric([view.name, device], n)
                 reserved_total[device] = reserved_total.get(device, 0) + n
         footprint = state.sample.footprint.get(view.pid) if state.sample and view.pid else None

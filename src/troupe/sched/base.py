@@ -130,7 +130,9 @@ class CoreBase:
         # The engine's own projections (measure jobs), with memory admission only.
         self._measure = MeasureQueue() if measure and memory is not None else None
         if self._measure is not None:
-            self._measure.add(sorted(self._models))
+            # Only what troupe could read itself: the engine cannot project a file whose
+            # header is not a model's either (it would fail after starting a process).
+            self._measure.add(sorted(n for n, m in self._models.items() if m.config.need))
 
     # ----- reading ------------------------------------------------------------------------
 
@@ -160,8 +162,9 @@ class CoreBase:
                 ttl=m.config.ttl,
                 wait_reason=reasons.get(name),
                 draining_for=m.draining_for,
-                memory_need=self.memory.need(name) if self.memory else None,
+                memory_need=self.memory.estimates.get(name) if self.memory else None,
                 memory_used=self.memory.effective.get(name) if self.memory else None,
+                memory_reserved=self.memory.need(name) if self.memory else None,
                 memory_source=self._memory_source(m),
                 memory_high=self._projection_high(m),
             )
@@ -238,8 +241,6 @@ class CoreBase:
         if self.memory is None:
             return None
         name = m.config.name
-        if self.memory.effective.get(name):
-            return "observed"
         if self._measure is not None and self._measure.of(name, m.config.fingerprint):
             return "engine"
         return "estimate" if self.memory.estimates.get(name) else None

@@ -81,7 +81,7 @@ class Settling(CoreBase):
             existing = self._models.get(name)
             if existing is None or existing.config.fingerprint != config.fingerprint:
                 self._forget_measurement(name)  # a new command line: measured again
-                if self._measure is not None:
+                if self._measure is not None and config.need:
                     self._measure.add([name])
             if existing is None:
                 self._models[name] = ModelState(config)

@@ -88,9 +88,10 @@ class ModelView:
     ttl: float | None
     wait_reason: str | None = None  # why its queued requests wait (None: nobody waits)
     draining_for: str | None = None  # it is being swapped out for this model
-    memory_need: Mapping[str, int] | None = None  # what loading it takes (estimate or seen)
+    memory_need: Mapping[str, int] | None = None  # what loading it takes, before it loads
     memory_used: Mapping[str, int] | None = None  # what it was seen to hold once up
-    memory_source: str | None = None  # where memory_need comes from: observed/engine/estimate
+    memory_reserved: Mapping[str, int] | None = None  # what admission counts: used, else need
+    memory_source: str | None = None  # where memory_need comes from: "engine" or "estimate"
     memory_high: Mapping[str, int] | None = None  # the engine's figure at full context
 
 

@@ -1,0 +1,99 @@
+"""The measurement job against the real engine: its own projection, with the child's
+exact arguments, agrees with what the child reports once loaded (issue 11)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from troupe.actors.measure import MeasureJob
+from troupe.child.breakdown import need_of_rows, parse_breakdown_line
+from troupe.messages import Measured, MeasureFailed, Message
+from troupe.testing import TinyModel, open_engine, write_tiny_gguf
+from troupe.testing.router import open_router, write_preset
+
+pytestmark = pytest.mark.engine
+
+SHAPE = TinyModel(name="mid", n_layer=16, n_embd=512, n_head=8, n_head_kv=4, n_ff=2048, n_ctx=2048)
+
+
+async def measure(argv: list[str]) -> Message:
+    send, recv = trio.open_memory_channel[Message](1)
+    await MeasureJob("m", "fp", argv, {}, send).run()
+    return await recv.receive()
+
+
+async def loaded_breakdown(argv: list[str]) -> dict[str, int]:
+    """What the child itself says it holds, once loaded (its breakdown at exit)."""
+    rows = []
+    async with open_engine([*argv, "-lv", "4"], child=True) as engine:
+        await engine.wait_state("ready")
+        await engine.send_exit()
+        await engine.wait()
+    in_block = False
+    for line in engine.stderr_lines:
+        if "memory breakdown [MiB]" in line:
+            in_block, rows = True, []
+            continue
+        row = parse_breakdown_line(line) if in_block else None
+        if row is None:
+            in_block = False
+        else:
+            rows.append(row)
+    return need_of_rows(rows)
+
+
+@pytest.mark.parametrize("ctx", ["512", "2048"])
+async def test_the_projection_matches_the_childs_own_breakdown_after_load(
+    engine_path: Path, tmp_path: Path, ctx: str
+) -> None:
+    model = write_tiny_gguf(tmp_path / "mid.gguf", SHAPE)
+    argv = [str(engine_path), "-m", str(model), "--port", "0", "-c", ctx, "-np", "2"]
+    result = await measure(argv)
+    assert isinstance(result, Measured), result
+    after = await loaded_breakdown(argv)
+    projected, real = result.need["host"], after["host"]
+    assert abs(projected - real) <= 0.1 * real, (projected, real)
+
+
+async def test_fit_off_leaves_the_estimate_and_says_why(engine_path: Path, tmp_path: Path) -> None:
+    model = write_tiny_gguf(tmp_path / "mid.gguf", SHAPE)
+    result = await measure([str(engine_path), "-m", str(model), "--port", "0", "--fit", "off"])
+    assert isinstance(result, MeasureFailed)
+    assert "fit" in result.reason
+
+
+async def test_models_shows_the_engines_figure_and_its_source(
+    engine_path: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    sections = {
+        "measured": {"model": str(tiny_model_dir / "tiny-a.gguf")},
+        "unmeasured": {"model": str(tiny_model_dir / "tiny-b.gguf"), "fit": "off"},
+    }
+    preset = write_preset(tmp_path, sections)
+    async with (
+        open_router(
+            ["--models-preset", str(preset), "-c", "256"],
+            engine=engine_path,
+            state_dir=tmp_path / "state",
+            cwd=tmp_path,
+        ) as router,
+        router.client() as http,
+    ):
+        for name in sections:
+            resp = await http.post("/completion", json={"model": name, "prompt": "hi"})
+            assert resp.status_code == 200
+        with trio.fail_after(30):  # measured before they loaded, once each
+            await router.ctx.scheduler.wait_until(
+                lambda s: all(v.memory_source is not None for v in s.models.values())
+            )
+        listed = {
+            m["id"]: m["troupe"]["memory"] for m in (await http.get("/models")).json()["data"]
+        }
+    assert listed["measured"]["source"] == "engine"
+    assert listed["unmeasured"]["source"] == "estimate"
+    for memory in listed.values():
+        assert memory["need_bytes"]["host"] > 0
+        assert memory["used_bytes"]["host"] > 0  # observed once up
