@@ -146,6 +146,9 @@ async def after(ctx: Ctx, base: inv.Baseline) -> None:
     fds = await inv.settle_fds(router, base, within=6)
     rss = router.rss()
     ctx.figures["fds"] = f"{base.fds}->{fds}"
+    if ctx.rss_base is not None:  # the scenario's own reference (a second round)
+        ctx.fig("rss-first", f"{inv.mib(base.rss):.0f}MiB")
+        base = inv.Baseline(base.fds, ctx.rss_base)
     ctx.fig("rss", f"{inv.mib(base.rss):.0f}->{inv.mib(rss):.0f}MiB")
     ctx.failures += inv.resources(base, fds, rss)
 

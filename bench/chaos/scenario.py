@@ -33,6 +33,7 @@ class Ctx:
     healthy: str = HEALTHY
     checks_router: bool = True  # False: the scenario ends the router itself
     rebaseline: bool = False  # True: a restarted router; take a new baseline
+    rss_base: int | None = None  # the RSS to compare with, when not the first baseline
 
     def size(self, quick: int, full: int) -> int:
         return quick if self.quick else full
