@@ -9,8 +9,9 @@ import json
 import random
 from dataclasses import dataclass
 
-from chaos.client import DOUBLE, GARBLED, HUNG, RESET, TRUNCATED, Answer, Reader, exchange
+from chaos.client import DOUBLE, GARBLED, HUNG, RESET, TRUNCATED, Answer, exchange
 from chaos.scenario import Ctx, Scenario, preset_launch, until_ok
+from chaos.wire import Reader
 
 CLEAR = frozenset({"4xx"})  # a clear error
 CLEAR_OR_CLOSE = frozenset({"4xx", "close"})  # for what is not even HTTP
