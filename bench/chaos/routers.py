@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -83,7 +84,8 @@ class Router:
                     "--state-dir", str(state), *flags, *la.troupe_extra]  # fmt: skip
         return [str(self.engine), *flags]
 
-    def start(self, within: float = 60.0) -> None:
+    def spawn(self) -> None:
+        """Start the process (tracked from now on), without waiting for it to listen."""
         env = {**os.environ, **self.launch.env, TAG_VAR: self.tag}
         env.pop("LLAMA_SERVER_ROUTER_PORT", None)
         self.generation += 1
@@ -93,8 +95,21 @@ class Router:
             self.tracker.start(self.proc.pid)
         else:
             self.tracker.add_root(self.proc.pid)
+
+    def start(self, within: float = 60.0) -> None:
+        self.spawn()
+        assert self.proc is not None
         self.url = self.proc.wait_listening(within)
         self.client = Client(self.url)
+
+    def wait_exit(self, within: float) -> int | None:
+        """The exit status, once it exited; None if it still runs after ``within`` s."""
+        assert self.proc is not None
+        try:
+            self.exit_code = self.proc.popen.wait(within)
+        except subprocess.TimeoutExpired:
+            return None
+        return self.exit_code
 
     def sigkill(self) -> None:
         assert self.proc is not None

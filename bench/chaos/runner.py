@@ -83,11 +83,13 @@ async def run_one(env: Env, sc: Scenario, kind: str) -> Result:
         if os.environ.get("CHAOS_DEBUG"):
             print(f"  [{sc.name}] {name} at {time.monotonic() - t0:.2f}s", file=sys.stderr)
 
+    base = inv.Baseline(0, 0)
     try:
-        await trio.to_thread.run_sync(router.start)
-        phase("listening")
-        base = await warm_up(ctx)
-        phase("warm")
+        if not sc.starts_router:
+            await trio.to_thread.run_sync(router.start)
+            phase("listening")
+            base = await warm_up(ctx)
+            phase("warm")
         cap_s = sc.cap_s[0] if env.quick else sc.cap_s[1]
         with trio.move_on_after(cap_s) as cap:
             await sc.run(ctx)
@@ -95,7 +97,9 @@ async def run_one(env: Env, sc: Scenario, kind: str) -> Result:
             ctx.fail(f"the scenario did not finish within {cap_s:g} s")
         phase("scenario done")
         ctx.failures += ctx.ledger.never()
-        if ctx.checks_router and router.alive():
+        if sc.starts_router:
+            pass  # its own checks
+        elif ctx.checks_router and router.alive():
             if ctx.rebaseline:
                 base = await warm_up(ctx)
             await after(ctx, base)
@@ -108,7 +112,7 @@ async def run_one(env: Env, sc: Scenario, kind: str) -> Result:
             traceback.print_exc()
     finally:
         phase("checked")
-        if router.alive():
+        if router.proc is not None and router.alive():
             took = await trio.to_thread.run_sync(router.terminate, 30.0)
             if took is None:
                 ctx.fail("did not exit within 30 s of SIGTERM")

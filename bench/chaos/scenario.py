@@ -88,23 +88,29 @@ class Ctx:
 def write_preset(path: Path, sections: Mapping[str, Mapping[str, str]], models_dir: Path) -> Path:
     """An INI preset. A section's model is ``models_dir/<name>.gguf``; a section named
     otherwise gets its own copy of a tiny model (``copy = m2``), so every model has its
-    own path and its child can be told apart by its command line."""
+    own path and its child can be told apart by its command line, or a truncated copy
+    (``truncated = m1``)."""
     lines: list[str] = []
     for name, given in sections.items():
         lines.append(f"[{name}]")
         keys = dict(given)
         source = keys.pop("copy", None)
+        cut = keys.pop("truncated", None)  # the first 4 KiB of that model: a broken file
         if name != "*" and "model" not in keys:
             model = models_dir / f"{name}.gguf"
-            if source is not None:
+            if source is not None or cut is not None:
                 model = path.parent / "models" / f"{name}.gguf"
                 model.parent.mkdir(exist_ok=True)
-                if not model.exists():
+                if cut is not None:
+                    model.write_bytes((models_dir / f"{cut}.gguf").read_bytes()[:4096])
+                elif not model.exists():
                     os.link(models_dir / f"{source}.gguf", model)
             lines.append(f"model = {model}")
         lines += [f"{k} = {v}" for k, v in keys.items()]
         lines.append("")
-    path.write_text("\n".join(lines))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("\n".join(lines))
+    tmp.replace(path)  # a router reloading meanwhile never reads half a file
     return path
 
 
@@ -121,6 +127,7 @@ class Scenario:
     needs_fake: bool = False  # the C++ router cannot run the fake engine (it spawns itself)
     quick: bool = True  # part of --quick
     cap_s: tuple[float, float] = (60.0, 300.0)  # quick, full: the whole scenario's bound
+    starts_router: bool = False  # True: the scenario starts the router itself (no warm-up)
 
 
 def preset_launch(

@@ -103,9 +103,34 @@ async def sigterm_drain(ctx: Ctx) -> None:
     ctx.failures += inv.orphans_after_exit(router)
 
 
+async def startup_failure(ctx: Ctx) -> None:
+    """More ``load-on-startup`` models than ``--models-max`` (upstream: "number of models to
+    load on startup exceeds models_max", exit 1): the router exits non-zero within a
+    bound, says why in one line (no traceback), and leaves nothing behind. (A child
+    that fails to load later is not a start-up failure upstream: the router serves on.)"""
+    router = ctx.router
+    t0 = time.monotonic()
+    await trio.to_thread.run_sync(router.spawn)
+    code = await trio.to_thread.run_sync(router.wait_exit, 30.0)
+    ctx.fig("exit", f"{code}@{seconds(time.monotonic() - t0)}" if code is not None else "no")
+    text = router.proc.log.read_text(errors="replace") if router.proc else ""
+    last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "")
+    ctx.fig("says", repr(last[-70:]))
+    if code is None:
+        ctx.fail("still running 30 s after a start-up that cannot succeed")
+    elif code == 0:
+        ctx.fail("exit status 0 after a start-up that cannot succeed")
+    if "Traceback (most recent call last)" in text:
+        ctx.fail(f"a traceback instead of a one-line error: {last[-100:]!r}")
+    ctx.failures += inv.orphans_after_exit(router)
+
+
 SCENARIOS = [
     Scenario("router-sigkill", "SIGKILL the router, then restart it", preset_launch(
         {"m1": {}, "m2": {}, "m3": {}}, 3), router_sigkill),
     Scenario("sigterm-drain", "SIGTERM with streams and loads in flight", preset_launch(
         {"m1": {}, "m2": {}, "m3": {}, "slow": {}}, 4), sigterm_drain),
+    Scenario("startup-failure", "more load-on-startup models than slots", preset_launch(
+        {"m1": {"load-on-startup": "true"}, "m2": {"load-on-startup": "true"}}, 1),
+        startup_failure, starts_router=True),
 ]  # fmt: skip

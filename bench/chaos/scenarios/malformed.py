@@ -52,7 +52,7 @@ def corpus() -> list[Case]:
     close = ["Connection: close"]
     return [
         Case("garbage-line", b"GARBAGE\r\n\r\n", CLEAR_OR_CLOSE),
-        Case("binary-junk", junk, CLEAR_OR_CLOSE),
+        Case("binary-junk", junk, CLEAR_OR_CLOSE, half_close=True),
         Case("nul-in-path", b"GET /he\x00alth HTTP/1.1\r\nHost: x\r\n\r\n", CLEAR_OR_CLOSE),
         Case("bad-version", b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n",
              CLEAR_OR_CLOSE | {"505", "2xx"}),  # taking it as 1.1 is lenient, not wrong
