@@ -142,7 +142,8 @@ def leftovers(router: Router) -> list[str]:
     """Descendants still alive, zombies unreaped, tagged processes outside the tree."""
     out = []
     router.tracker.sample()
-    zombies, live = [], []
+    zombies: list[int] = []
+    live: list[int] = []
     for pid in children_of(router.pid):
         try:
             status = psutil.Process(pid).status()

@@ -104,6 +104,7 @@ async def run_one(env: Env, sc: Scenario, kind: str) -> Result:
                 base = await warm_up(ctx)
             await after(ctx, base)
         elif ctx.checks_router:
+            assert router.proc is not None
             ctx.fail(f"the router died (exit {router.proc.popen.returncode}): "
                      f"{router.log_tail(3)[-160:]}")  # fmt: skip
     except Exception as exc:
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="troupe-chaos-"))
     try:
         models = tmp / "models"
-        write_tiny_models(models, [*TINY, SLOW])
+        write_tiny_models(models, [*(TinyModel(name=n) for n in TINY), SLOW])
         env = Env(engine, write_mixed_engine(tmp / "engine", engine), models, tmp, args.quick,
                   troupe_flags() if TROUPE in kinds else frozenset(),
                   f"{os.getpid()}-{int(time.time())}")  # fmt: skip

@@ -6,10 +6,11 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
-from chaos.client import OK, Answer
+from chaos.client import OK, Answer, Client
 from chaos.invariants import Ledger
 from chaos.procs import Seen, catch_child, signal_quietly
 from chaos.routers import Launch, Router
@@ -52,14 +53,14 @@ class Ctx:
         return own if own.exists() else self.models_dir / f"{name}.gguf"
 
     @property
-    def client(self):
+    def client(self) -> Client:  # the router's: it may have been restarted
         return self.router.client
 
     @property
     def is_troupe(self) -> bool:
         return self.router.is_troupe
 
-    async def request(self, group: str, model: str, bound: float, **kw: object) -> Answer:
+    async def request(self, group: str, model: str, bound: float, **kw: Any) -> Answer:
         answer = await self.client.completion(model, bound=bound, **kw)
         return self.ledger.add(group, answer, model)
 

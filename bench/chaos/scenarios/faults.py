@@ -5,6 +5,7 @@ exit command, an ignored SIGTERM)."""
 from __future__ import annotations
 
 import signal
+from functools import partial
 
 import trio
 
@@ -34,7 +35,7 @@ async def _catch_loading(ctx: Ctx, model: str, sig: int, group: str, n: int, bou
         nursery.start_soon(catcher)
         await trio.sleep(0.05)  # the catcher is polling before the load is asked for
         for _ in range(n):
-            nursery.start_soon(lambda: ctx.request(group, model, bound))
+            nursery.start_soon(partial(ctx.request, group, model, bound))
     got = caught[0] if caught else None
     if got is None:
         ctx.fail(f"{model}: no child appeared to catch")
@@ -79,7 +80,7 @@ async def hang_in_load(ctx: Ctx) -> None:
         nursery.start_soon(stop_it)
         await trio.sleep(0.05)
         for _ in range(2):
-            nursery.start_soon(lambda: ctx.request("hung", "m2", bound))
+            nursery.start_soon(partial(ctx.request, "hung", "m2", bound))
         await caught.wait()
         await trio.sleep(0.3)  # the child is stopped; the router still waits on it
         other = await ctx.request("other-model", BYSTANDER, 10.0)  # a cold load: ~10 ms
@@ -106,8 +107,8 @@ async def crash_mid_stream(ctx: Ctx) -> None:
         outer.start_soon(_traffic, ctx, "bystander", BYSTANDER, done, 30)
         async with trio.open_nursery() as nursery:
             for _ in range(3):
-                nursery.start_soon(lambda: ctx.request("stream", "crashy", 30, n=32, stream=True))
-            nursery.start_soon(lambda: ctx.request("plain", "crashy", 30, n=32))
+                nursery.start_soon(partial(ctx.request, "stream", "crashy", 30, n=32, stream=True))
+            nursery.start_soon(partial(ctx.request, "plain", "crashy", 30, n=32))
         done.set()
     ctx.fig("streams", ctx.ledger.summary("stream"))
     ctx.fig("plain", ctx.ledger.summary("plain"))
@@ -150,7 +151,7 @@ async def oom_line(ctx: Ctx) -> None:
         outer.start_soon(_traffic, ctx, "bystander", BYSTANDER, done, 30)
         async with trio.open_nursery() as nursery:
             for _ in range(3):
-                nursery.start_soon(lambda: ctx.request("oom", "oomy", 30))
+                nursery.start_soon(partial(ctx.request, "oom", "oomy", 30))
         for _ in range(2):
             await ctx.request("oom-again", "oomy", 30)
         done.set()

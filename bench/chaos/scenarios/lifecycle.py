@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import signal
 import time
+from functools import partial
 
 import trio
 
 from chaos import invariants as inv
 from chaos.client import ERROR, OK
+from chaos.procs import describe
 from chaos.scenario import Ctx, Scenario, preset_launch, seconds, until_ok
 
 
@@ -41,8 +43,8 @@ async def router_sigkill(ctx: Ctx) -> None:
 
         nursery.start_soon(stop_m3)
         await trio.sleep(0.05)
-        nursery.start_soon(lambda: ctx.request("cut", "m3", 10))
-        nursery.start_soon(lambda: ctx.request("cut", "m1", 10, n=200, stream=True))
+        nursery.start_soon(partial(ctx.request, "cut", "m3", 10))
+        nursery.start_soon(partial(ctx.request, "cut", "m1", 10, n=200, stream=True))
         await caught.wait()
         await trio.sleep(0.05)
         await trio.to_thread.run_sync(router.sigkill)
@@ -53,7 +55,7 @@ async def router_sigkill(ctx: Ctx) -> None:
     ctx.fig("children", len(children))
     ctx.fig("eof-exit", seconds(time.monotonic() - t0) if not left else "no")
     if left:
-        ctx.fail(f"alive 5 s after the router was SIGKILLed: {inv.describe(left)}")
+        ctx.fail(f"alive 5 s after the router was SIGKILLed: {describe(left)}")
     if not stopped:
         ctx.fail("m3: no child appeared to stop")
     await trio.to_thread.run_sync(router.start)
@@ -61,7 +63,7 @@ async def router_sigkill(ctx: Ctx) -> None:
     left = await _wait_gone(children, 5.0)
     ctx.fig("reaped-at-restart", seconds(time.monotonic() - t0) if not left else "no")
     if left:
-        ctx.fail(f"not reaped by the restarted router within 5 s: {inv.describe(left)}")
+        ctx.fail(f"not reaped by the restarted router within 5 s: {describe(left)}")
     ctx.rebaseline = True
     again = await until_ok(ctx, "after-restart", "m3", 30)
     ctx.fig("m3-after-restart", seconds(again.elapsed))
@@ -80,13 +82,13 @@ async def sigterm_drain(ctx: Ctx) -> None:
     async with trio.open_nursery() as nursery:
         for ev in started:
             nursery.start_soon(
-                lambda ev=ev: ctx.request("stream", "slow", 60, n=110, stream=True, started=ev)
+                partial(ctx.request, "stream", "slow", 60, n=110, stream=True, started=ev)
             )
         with trio.move_on_after(20):
             for ev in started:
                 await ev.wait()
         for model in ("m2", "m3"):
-            nursery.start_soon(lambda model=model: ctx.request("pending-load", model, 30))
+            nursery.start_soon(partial(ctx.request, "pending-load", model, 30))
         await trio.sleep(0.005)
         took.append(await trio.to_thread.run_sync(router.terminate, 30.0))
     exited = took[0]

@@ -9,6 +9,7 @@ import random
 import select
 import socket
 import time
+from functools import partial
 
 import trio
 
@@ -123,7 +124,7 @@ async def load_storm(ctx: Ctx) -> None:
     rng = random.Random(7)
     async with trio.open_nursery() as nursery:
         for i in range(n):
-            nursery.start_soon(lambda i=i: ctx.request("storm", TINY[i % len(TINY)], 90))
+            nursery.start_soon(partial(ctx.request, "storm", TINY[i % len(TINY)], 90))
             await trio.sleep(rng.uniform(0, 0.01))
     answers = ctx.ledger.group("storm")
     times = sorted(a.elapsed for a in answers if a.kind == OK)
