@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         free_port,
         open_engine,
     )
+    from troupe.testing.mixed_engine import write_mixed_engine
     from troupe.testing.tiny_gguf import TinyModel, write_tiny_gguf, write_tiny_models
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "free_port",
     "open_engine",
     "write_fake_engine",
+    "write_mixed_engine",
     "write_tiny_gguf",
     "write_tiny_models",
 ]
@@ -47,6 +49,7 @@ _LAZY = {
     "TinyModel": "tiny_gguf",
     "write_tiny_gguf": "tiny_gguf",
     "write_tiny_models": "tiny_gguf",
+    "write_mixed_engine": "mixed_engine",
 }
 
 
