@@ -362,3 +362,23 @@ async def test_tls(fake_router: RouterFactory, tmp_path: Path) -> None:
             assert b"tokens" in body
             await trio.aclose_forcefully(tls)
         await router.wait_for_status("a", Status.LOADED)
+
+
+@pytest.mark.parametrize(
+    ("key", "version", "status"),
+    [("!", "13", 400), ("c2hvcnQ=", "13", 400), ("dGhlIHNhbXBsZSBub25jZQ==", "8", 426)],
+)
+async def test_a_broken_websocket_handshake_is_answered_as_http(
+    fake_router: RouterFactory, key: str, version: str, status: int
+) -> None:
+    async with fake_router({"a": {}}) as router:
+        stream = await connect(router)
+        async with stream:
+            await stream.send_all(
+                b"GET /v1/realtime?model=a HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Version: %b\r\nSec-WebSocket-Key: %b\r\n\r\n"
+                % (version.encode(), key.encode())
+            )
+            data = await read_until_closed(stream)
+        assert data.startswith(b"HTTP/1.1 %d" % status)
+        assert b'"type":"invalid_request_error"' in data

@@ -9,10 +9,14 @@ or rejects (DESIGN "Request path" 4); an unknown path gets the JSON 404.
 
 from __future__ import annotations
 
+import base64
+import binascii
+
 import trio
 import trio_websocket
 
 from troupe.http.context import RouterContext
+from troupe.http.errors import error_body
 from troupe.http.server.exchange import Exchange
 from troupe.http.server.parse import Request
 from troupe.realtime import serve_realtime
@@ -57,10 +61,32 @@ def handshake_bytes(request: Request) -> bytes:
     return b"".join(lines) + b"\r\n"
 
 
+def handshake_error(request: Request) -> str | None:
+    """What is wrong with a WebSocket opening handshake (RFC 6455 4.2.1), if anything:
+    wsproto accepts any key, and a client that sends a broken one is answered 400."""
+    fields = {key: value for key, value in request.headers}
+    version = fields.get(b"sec-websocket-version", b"")
+    if version != b"13":
+        return "unsupported Sec-WebSocket-Version (13 is)"
+    try:
+        key = base64.b64decode(fields.get(b"sec-websocket-key", b""), validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) != 16:
+        return "invalid Sec-WebSocket-Key (16 bytes in base64)"
+    return None
+
+
 async def serve_upgrade(
     ctx: RouterContext, exchange: Exchange, stream: trio.abc.Stream, rest: bytes
 ) -> None:
     """Hand the connection to trio-websocket and the request to `serve_realtime`."""
+    problem = handshake_error(exchange.request)
+    if problem is not None:
+        extra = [(b"sec-websocket-version", b"13")] if "Version" in problem else []
+        status = 426 if "Version" in problem else 400
+        await exchange.respond(status, error_body(problem, "invalid_request_error"), headers=extra)
+        return
     replay = ReplayStream(stream, handshake_bytes(exchange.request) + rest)
     async with trio.open_nursery() as nursery:
         with trio.move_on_after(HANDSHAKE_TIMEOUT) as handshake:

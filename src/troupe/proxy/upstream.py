@@ -7,9 +7,10 @@ is read as `troupe.proxy.answer` says.
 Connections are pooled per child, keyed by (model, generation), never by port: a
 port is reused by the next child, and a connection to a child that is gone must
 never be handed out again. The scheduler calls `UpstreamPool.forget` when it stops a
-child and when a child exits: its idle connections close at once (60 swaps used to
-leave hundreds of descriptors open; an idle one also holds llama-server's exit about
-110 ms), and those still in use close when they finish.
+child and when a child exits: all its connections close at once. An idle one held
+llama-server's exit about 110 ms (60 swaps also used to leave hundreds of descriptors
+open); one in use held it for the whole stop-timeout, as llama-server does not exit
+while a request waits on its stopped task loop, which will never answer it.
 
 Each child gets at most `set_limit` connections, idle ones included; a request
 beyond waits here, first come first served, for one to come back. llama-server
@@ -90,6 +91,7 @@ class _Child:
     limit: int = DEFAULT_LIMIT
     open: int = 0  # connections open to it, idle or in use
     idle: list[ChildConnection] = attrs.field(factory=list)
+    busy: set[ChildConnection] = attrs.field(factory=set)  # handed out, answer not over
     waiting: deque[_Waiter] = attrs.field(factory=deque)
 
 
@@ -130,8 +132,8 @@ class UpstreamPool:
 
     def forget(self, model: str, gen: int) -> None:
         """The child ``(model, gen)`` (and every older one of ``model``) is stopping or
-        gone: close its idle connections now; those in use close when they finish;
-        requests waiting for one fail."""
+        gone: close its connections now, idle or in use (an answer being read ends as a
+        broken one); requests waiting for one fail."""
         if gen > self._gone.get(model, -1):
             self._gone[model] = gen
         for key in [k for k in self._children if k[0] == model and k[1] <= gen]:
@@ -140,6 +142,8 @@ class UpstreamPool:
                 conn.close_now()
             state.open -= len(state.idle)
             state.idle.clear()
+            for conn in state.busy:
+                conn.close_now()  # its reader sees the connection break; checkin counts it
             while state.waiting:
                 state.waiting.popleft().event.set()  # they find it gone
             if state.open <= 0:
@@ -158,10 +162,10 @@ class UpstreamPool:
             state = self._children.setdefault(key, _Child())
             if not state.waiting:  # nobody ahead in line
                 if state.idle:
-                    return state.idle.pop()
+                    return self._hand_out(state, state.idle.pop())
                 if state.open < state.limit:
                     state.open += 1
-                    return await self._open_counted(key, state, port)
+                    return self._hand_out(state, await self._open_counted(key, state, port))
             waiter = _Waiter()
             state.waiting.append(waiter)
             try:
@@ -170,10 +174,15 @@ class UpstreamPool:
                 self._leave_line(key, state, waiter)
                 raise
             if waiter.conn is not None:
-                return waiter.conn
+                return self._hand_out(state, waiter.conn)
             if waiter.may_open:
-                return await self._open_counted(key, state, port)
+                return self._hand_out(state, await self._open_counted(key, state, port))
             # woken with nothing: the child is gone (checked at the top)
+
+    @staticmethod
+    def _hand_out(state: _Child, conn: ChildConnection) -> ChildConnection:
+        state.busy.add(conn)
+        return conn
 
     def _leave_line(self, key: _Key, state: _Child, waiter: _Waiter) -> None:
         """A waiter cancelled: whatever was handed to it goes to the next in line."""
@@ -200,6 +209,8 @@ class UpstreamPool:
         """An answer is over: its connection goes to the next in line, back to the pool,
         or is closed (a child that is gone, an answer cut short)."""
         state = self._children.get(key)
+        if state is not None:
+            state.busy.discard(conn)
         if state is None or not reusable or self._is_gone(key):
             conn.close_now()
             if state is not None:
