@@ -1,11 +1,20 @@
-"""troupe's memory estimate against llama-server's own buffer sizes, model by model.
+"""What a model takes, three ways, against what the child says it holds once loaded.
 
-Runs the real engine once per model with ``-lv 4``, reads the model, KV, compute and
-output buffer sizes it logs, and prints them beside troupe's estimate with the error.
+For each model and context it runs, with the real engine and the same arguments:
 
-    .venv/bin/python bench/memory.py [--ctx N] [extra GGUF files...]
+* troupe's **header estimate** (the GGUF header: weights, KV cache, compute and output
+  buffers; what admission falls back on);
+* the **engine's projection** (troupe's measurement job: ``--fit``'s breakdown, read
+  before any weight is loaded, the child's exact arguments);
+* the child's **own breakdown after load** (``-lv 4``, printed at exit: model + context +
+  compute per device) and its **RSS** once up (what troupe trues the ledger up with);
 
-Uses the suite's tiny models in three shapes, plus the demo model (models/) if present.
+and prints them side by side with the error of each against the breakdown after load.
+
+    .venv/bin/python bench/memory.py [--ctx N ...] [extra GGUF files...]
+
+Uses three tiny shapes the bench writes, plus the demo model (Gemma 3 270M) when its
+package is installed.
 """
 
 from __future__ import annotations
@@ -15,79 +24,120 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
 import trio
 
+from troupe.actors.measure import MeasureJob
 from troupe.catalog import build_catalog
 from troupe.catalog.facts import FactsCache
 from troupe.catalog.memory import model_need
-from troupe.child.breakdown import parse_buffer_line
+from troupe.child.breakdown import need_of_rows, parse_breakdown_line
 from troupe.engine import find_engine
+from troupe.messages import Measured, Message
 from troupe.settings.argv import parse_engine_args
-from troupe.settings.options import load_option_table
+from troupe.settings.options import OptionTable, load_option_table
 from troupe.settings.router import build_settings, with_router_options
 from troupe.testing import TinyModel, open_engine, write_tiny_gguf
 
 SHAPES = (
-    TinyModel(name="tiny-4x128"),
+    TinyModel(name="tiny-4x128", n_ctx=4096),
     TinyModel(
-        name="tiny-8x256", n_layer=8, n_embd=256, n_head=8, n_head_kv=4, n_ff=1024, n_ctx=1024
+        name="tiny-8x256", n_layer=8, n_embd=256, n_head=8, n_head_kv=4, n_ff=1024, n_ctx=4096
     ),
     TinyModel(
-        name="tiny-16x512", n_layer=16, n_embd=512, n_head=8, n_head_kv=4, n_ff=2048, n_ctx=1024
+        name="tiny-16x512", n_layer=16, n_embd=512, n_head=8, n_head_kv=4, n_ff=2048, n_ctx=4096
     ),
 )
 MiB = 1 << 20
 
 
-async def reported(engine: Path, model: Path, args: list[str]) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    argv = [str(engine), "-m", str(model), "--port", "0", "-lv", "4", *args]
-    async with open_engine(argv, child=False) as proc:
-        await proc.wait_log(r"compute buffer size")
-        for line in proc.stderr_lines:
-            parsed = parse_buffer_line(line)
-            if parsed is not None:
-                sizes[parsed.kind] = sizes.get(parsed.kind, 0) + parsed.bytes
-    return sizes
+def estimate(table: OptionTable, path: Path, args: list[str]) -> int | None:
+    """troupe's header estimate, through the catalogue exactly as the router builds it."""
+    settings = build_settings(
+        table, parse_engine_args(["--models-dir", str(path.parent), *args], table), {}, {}
+    )
+    entry = build_catalog(settings, table, {}, Path.cwd()).get(path.name.removesuffix(".gguf"))
+    need = model_need(entry, FactsCache()) if entry else None
+    return need.get("host") if need else None
+
+
+async def projection(argv: list[str]) -> int | None:
+    send, recv = trio.open_memory_channel[Message](1)
+    await MeasureJob("bench", "fp", argv, {}, send).run()
+    result = await recv.receive()
+    return result.need.get("host") if isinstance(result, Measured) else None
+
+
+async def after_load(argv: list[str]) -> tuple[int, int]:
+    """The child's own breakdown (host) and its RSS, once loaded."""
+    async with open_engine([*argv, "-lv", "4"], child=True) as engine:
+        await engine.wait_state("ready")
+        rss = psutil.Process(engine.process.pid).memory_info().rss
+        await engine.send_exit()
+        await engine.wait()
+    rows, in_block = [], False
+    for line in engine.stderr_lines:
+        if "memory breakdown [MiB]" in line:
+            rows, in_block = [], True
+            continue
+        row = parse_breakdown_line(line) if in_block else None
+        if row is None:
+            in_block = False
+        else:
+            rows.append(row)
+    return need_of_rows(rows).get("host", 0), rss
+
+
+def cell(value: int | None, truth: int) -> str:
+    if not value:
+        return f"{'-':>9} {'':>7}"
+    return f"{value / MiB:9.1f} {(value - truth) / truth:+7.1%}"
 
 
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ctx", type=int, default=2048)
+    parser.add_argument("--ctx", type=int, nargs="*", default=[512, 2048, 4096])
     parser.add_argument("models", nargs="*", type=Path)
     ns = parser.parse_args()
     engine, _ = find_engine()
     table = with_router_options(load_option_table(engine))
-    args = ["-c", str(ns.ctx), "-np", "1"]
-    with tempfile.TemporaryDirectory() as tmp:
-        files = [write_tiny_gguf(Path(tmp) / f"{s.name}.gguf", s) for s in SHAPES]
-        demo = Path("models/gemma-3-270m-q4_k_m.gguf")
-        files += ([demo] if demo.is_file() else []) + list(ns.models)  # noqa: ASYNC240
-        print(f"context {ns.ctx}, one slot; MiB")
-        head = f"{'model':28} {'engine':>9} {'troupe':>9} {'error':>7}"
-        print(head + "   (model + KV + compute + output)")
-        worst = 0.0
+    worst = {"estimate": 0.0, "engine": 0.0}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        files = [write_tiny_gguf(tmp / f"{s.name}.gguf", s) for s in SHAPES]
+        try:
+            from troupe.demo import assemble_demo_model  # noqa: PLC0415
+
+            files.append(assemble_demo_model(tmp / "demo"))
+        except SystemExit:
+            print("(the demo model is not installed: tiny models only)")
+        files += list(ns.models)
+        print("one slot; host memory in MiB; errors against the child's own breakdown after load")
+        print(
+            f"{'model':28} {'ctx':>5} {'after load':>10} {'estimate':>9} {'error':>7}"
+            f" {'engine':>9} {'error':>7} {'RSS':>9} {'error':>7}"
+        )
         for path in files:
-            sizes = await reported(engine, path, args)
-            settings = build_settings(
-                table, parse_engine_args(["--models-dir", str(path.parent), *args], table), {}, {}
-            )
-            entry = build_catalog(settings, table, {}, Path.cwd()).get(
-                path.name.removesuffix(".gguf")
-            )
-            need = model_need(entry, FactsCache()) if entry else None
-            truth = sum(sizes.values())
-            if not need or not truth:
-                print(f"{path.name:28} could not compare (engine {sizes}, troupe {need})")
-                continue
-            error = (need["host"] - truth) / truth
-            worst = max(worst, abs(error))
-            parts = " + ".join(
-                f"{sizes.get(k, 0) / MiB:.1f}" for k in ("model", "context", "compute", "output")
-            )
-            row = f"{path.name:28} {truth / MiB:9.1f} {need['host'] / MiB:9.1f} {error:+7.1%}"
-            print(f"{row}   ({parts})")
-        print(f"worst error: {worst:.1%}")
+            for ctx in ns.ctx:
+                args = ["-c", str(ctx), "-np", "1"]
+                argv = [str(engine), "-m", str(path), "--port", "0", *args]
+                truth, rss = await after_load(argv)
+                if not truth:
+                    print(f"{path.name:28} {ctx:5} the child printed no breakdown")
+                    continue
+                est = estimate(table, path, args)
+                proj = await projection(argv)
+                for key, value in (("estimate", est), ("engine", proj)):
+                    if value:
+                        worst[key] = max(worst[key], abs(value - truth) / truth)
+                print(
+                    f"{path.name:28} {ctx:5} {truth / MiB:10.1f} {cell(est, truth)}"
+                    f" {cell(proj, truth)} {cell(rss, truth)}"
+                )
+        print(
+            f"worst error: header estimate {worst['estimate']:.1%}, "
+            f"engine projection {worst['engine']:.1%}"
+        )
     return 0
 
 
