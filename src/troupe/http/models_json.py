@@ -13,12 +13,20 @@ from troupe.http.context import RouterContext
 from troupe.sched import ModelView, Snapshot, Status
 from troupe.sched.downloads import DownloadView
 
-__all__ = ["EXTRA_KEY", "download_item", "model_item", "models_list", "settled_downloads"]
+__all__ = [
+    "EXTRA_KEY",
+    "architecture_of",
+    "download_item",
+    "model_item",
+    "models_list",
+    "settled_downloads",
+]
 
 EXTRA_KEY = "troupe"  # upstream clients ignore unknown keys; everything of ours lives here
 
 
-def _architecture(entry: ModelEntry, view: ModelView | None) -> dict[str, list[str]]:
+def architecture_of(entry: ModelEntry, view: ModelView | None) -> dict[str, list[str]]:
+    """The catalogue's modalities, each replaced by what the child reported once loaded."""
     arch = entry.architecture.to_json()
     info = view.loaded_info if view is not None else None
     child_arch = info.get("architecture") if isinstance(info, dict) else None
@@ -93,7 +101,7 @@ def model_item(ctx: RouterContext, entry: ModelEntry, created: int, now: float) 
         "owned_by": "llamacpp",
         "created": created,
         "status": status,
-        "architecture": _architecture(entry, view),
+        "architecture": architecture_of(entry, view),
         "source": str(entry.source),
         "can_remove": entry.can_remove,
     }

@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl
 from troupe.catalog import ModelEntry
 from troupe.http.context import RouterContext
 from troupe.http.errors import JSON_TYPE, NOT_FOUND_BODY, failure_body, middleware_error_body
+from troupe.http.models_json import architecture_of
 from troupe.http.proxy_routes import autoload_flag, retry_after, validate_model
 from troupe.http.routing import strip_prefix
 from troupe.realtime.config import SessionConfig
@@ -78,19 +79,8 @@ def model_modalities(
     ctx: RouterContext, entry: ModelEntry
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The catalogue's modalities, replaced by what the child reported once loaded."""
-    inputs, outputs = entry.architecture.input_modalities, entry.architecture.output_modalities
-    view = ctx.scheduler.snapshot.models.get(entry.name)
-    info = view.loaded_info if view is not None else None
-    reported = info.get("architecture") if isinstance(info, dict) else None
-    if isinstance(reported, dict):
-        for key in ("input_modalities", "output_modalities"):
-            value = reported.get(key)
-            if isinstance(value, list) and all(isinstance(v, str) for v in value):
-                if key == "input_modalities":
-                    inputs = tuple(value)
-                else:
-                    outputs = tuple(value)
-    return inputs, outputs
+    arch = architecture_of(entry, ctx.scheduler.snapshot.models.get(entry.name))
+    return tuple(arch["input_modalities"]), tuple(arch["output_modalities"])
 
 
 async def _reject(

@@ -18,8 +18,8 @@ __all__ = ["Lifecycle"]
 
 
 class Lifecycle(Settling):
-    def stop_all(self, rid: int, now: float) -> list[Effect]:
-        """Shutdown: fail every waiter, stop every child, answer when none runs."""
+    def _close(self) -> None:
+        """Shutting down: no new lease or load, and everyone waiting is answered."""
         self._closing = True
         for wid, w in list(self._waiters.items()):
             if w.queued:
@@ -29,6 +29,10 @@ class Lifecycle(Settling):
         for did in list(self._direct):
             del self._direct[did]
             self._reply(did, Failure.unavailable("server is shutting down"))
+
+    def stop_all(self, rid: int, now: float) -> list[Effect]:
+        """Shutdown: fail every waiter, stop every child, answer when none runs."""
+        self._close()
         for m in self._models.values():
             self._request_stop(m, "shutdown")
         self._cancel_measurements()
@@ -40,15 +44,7 @@ class Lifecycle(Settling):
         """Shutdown begins: requests holding a lease finish, nothing else starts. Every
         waiter and parked load is answered at once, and loads under way are killed (no
         one waits for them); loaded children stay up until `stop_all`."""
-        self._closing = True
-        for wid, w in list(self._waiters.items()):
-            if w.queued:
-                self._queue.leave(w.model)
-            del self._waiters[wid]
-            self._reply(wid, Failure.unavailable("server is shutting down"))
-        for did in list(self._direct):
-            del self._direct[did]
-            self._reply(did, Failure.unavailable("server is shutting down"))
+        self._close()
         for m in self._models.values():
             m.respawn_after_evictions = False
             if m.status is Status.LOADING or m.spawn_pending:

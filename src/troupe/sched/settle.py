@@ -6,16 +6,17 @@ the moment something changes instead of every 200 ms.
 
 from __future__ import annotations
 
-from troupe.sched.base import FAKE_TIMING_DELAY, CoreBase, DirectLoad, Waiter
+from troupe.sched.base import FAKE_TIMING_DELAY, DirectLoad, Waiter
 from troupe.sched.effects import DeleteFiles, Failure, Reloaded
 from troupe.sched.lru import evictions_needed, pick_victim
 from troupe.sched.status import Status
 from troupe.sched.table import ModelConfig, ModelState
+from troupe.sched.views import Views
 
 __all__ = ["Settling"]
 
 
-class Settling(CoreBase):
+class Settling(Views):
     def _settle(self, now: float) -> None:
         """Re-examine every waiter and parked load, then free slots the queue needs."""
         self._now = now
