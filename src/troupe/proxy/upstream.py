@@ -12,17 +12,17 @@ llama-server's exit about 110 ms (60 swaps also used to leave hundreds of descri
 open); one in use held it for the whole stop-timeout, as llama-server does not exit
 while a request waits on its stopped task loop, which will never answer it.
 
-Each child gets at most `set_limit` connections, idle ones included; a request
-beyond waits here, first come first served, for one to come back. llama-server
+Each child keeps at most `set_limit` connections open between requests. llama-server
 binds a worker thread to each keep-alive connection, and a connection it cannot
-give a worker waits out another's 5 s keep-alive timeout (child/http_threads.py).
+give a worker waits out another's 5 s keep-alive timeout (child/http_threads.py): so
+a burst may open more (they get the child's extra threads), but every connection
+beyond the limit is closed as soon as its answer is over, which frees its thread.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -79,20 +79,12 @@ def render_request(
     return b"".join(parts)
 
 
-@attrs.define(eq=False)
-class _Waiter:
-    event: trio.Event = attrs.field(factory=trio.Event)
-    conn: ChildConnection | None = None  # an idle connection handed over
-    may_open: bool = False  # a slot handed over: open a new connection in it
-
-
 @attrs.define
 class _Child:
-    limit: int = DEFAULT_LIMIT
+    limit: int = DEFAULT_LIMIT  # connections kept open between requests
     open: int = 0  # connections open to it, idle or in use
     idle: list[ChildConnection] = attrs.field(factory=list)
     busy: set[ChildConnection] = attrs.field(factory=set)  # handed out, answer not over
-    waiting: deque[_Waiter] = attrs.field(factory=deque)
 
 
 class UpstreamPool:
@@ -124,16 +116,14 @@ class UpstreamPool:
         return sum(c.open for c in self._children.values())
 
     def set_limit(self, model: str, gen: int, limit: int) -> None:
-        """The child ``(model, gen)`` serves ``limit`` connections at once."""
+        """The child ``(model, gen)`` keeps ``limit`` connections (its fixed workers)."""
         if not self._is_gone((model, gen)):
-            state = self._children.setdefault((model, gen), _Child())
-            state.limit = max(1, limit)
-            self._wake(state)
+            self._children.setdefault((model, gen), _Child()).limit = max(1, limit)
 
     def forget(self, model: str, gen: int) -> None:
         """The child ``(model, gen)`` (and every older one of ``model``) is stopping or
         gone: close its connections now, idle or in use (an answer being read ends as a
-        broken one); requests waiting for one fail."""
+        broken one)."""
         if gen > self._gone.get(model, -1):
             self._gone[model] = gen
         for key in [k for k in self._children if k[0] == model and k[1] <= gen]:
@@ -144,8 +134,6 @@ class UpstreamPool:
             state.idle.clear()
             for conn in state.busy:
                 conn.close_now()  # its reader sees the connection break; checkin counts it
-            while state.waiting:
-                state.waiting.popleft().event.set()  # they find it gone
             if state.open <= 0:
                 del self._children[key]
 
@@ -155,84 +143,39 @@ class UpstreamPool:
     # ----- connections --------------------------------------------------------------------
 
     async def _checkout(self, key: _Key, port: int) -> ChildConnection:
-        """An idle connection, a new one within the limit, or the next one given back."""
-        while True:
-            if self._is_gone(key):
-                raise UpstreamError("the model's server has exited")
-            state = self._children.setdefault(key, _Child())
-            if not state.waiting:  # nobody ahead in line
-                if state.idle:
-                    return self._hand_out(state, state.idle.pop())
-                if state.open < state.limit:
-                    state.open += 1
-                    return self._hand_out(state, await self._open_counted(key, state, port))
-            waiter = _Waiter()
-            state.waiting.append(waiter)
+        """The most recently used idle connection, else a new one."""
+        if self._is_gone(key):
+            raise UpstreamError("the model's server has exited")
+        state = self._children.setdefault(key, _Child())
+        if state.idle:
+            conn = state.idle.pop()
+        else:
+            state.open += 1
             try:
-                await waiter.event.wait()
+                conn = await self._connect(port)
             except BaseException:
-                self._leave_line(key, state, waiter)
+                state.open -= 1
+                if state.open <= 0 and self._is_gone(key):
+                    self._children.pop(key, None)
                 raise
-            if waiter.conn is not None:
-                return self._hand_out(state, waiter.conn)
-            if waiter.may_open:
-                return self._hand_out(state, await self._open_counted(key, state, port))
-            # woken with nothing: the child is gone (checked at the top)
-
-    @staticmethod
-    def _hand_out(state: _Child, conn: ChildConnection) -> ChildConnection:
         state.busy.add(conn)
         return conn
 
-    def _leave_line(self, key: _Key, state: _Child, waiter: _Waiter) -> None:
-        """A waiter cancelled: whatever was handed to it goes to the next in line."""
-        if waiter in state.waiting:
-            state.waiting.remove(waiter)
-        elif waiter.conn is not None:
-            self._checkin(key, waiter.conn, reusable=True)
-        elif waiter.may_open:
-            state.open -= 1
-            self._wake(state)
-
-    async def _open_counted(self, key: _Key, state: _Child, port: int) -> ChildConnection:
-        """Connect, in a slot already counted in ``state.open``."""
-        try:
-            return await self._connect(port)
-        except BaseException:
-            state.open -= 1
-            self._wake(state)
-            if state.open <= 0 and self._is_gone(key):
-                self._children.pop(key, None)
-            raise
-
     def _checkin(self, key: _Key, conn: ChildConnection, reusable: bool) -> None:
-        """An answer is over: its connection goes to the next in line, back to the pool,
-        or is closed (a child that is gone, an answer cut short)."""
+        """An answer is over: its connection goes back to the pool, or is closed (a child
+        that is gone, an answer cut short, one connection more than the child keeps)."""
         state = self._children.get(key)
         if state is not None:
             state.busy.discard(conn)
-        if state is None or not reusable or self._is_gone(key):
-            conn.close_now()
-            if state is not None:
-                state.open -= 1
-                self._wake(state)
-                if state.open <= 0 and self._is_gone(key):
-                    del self._children[key]
-            return
-        if state.waiting:
-            waiter = state.waiting.popleft()
-            waiter.conn = conn
-            waiter.event.set()
-        else:
+        keep = reusable and state is not None and not self._is_gone(key)
+        if keep and state is not None and state.open <= state.limit:
             state.idle.append(conn)
-
-    def _wake(self, state: _Child) -> None:
-        """A slot is free: the first in line may open a connection in it."""
-        if state.waiting and state.open < state.limit:
-            waiter = state.waiting.popleft()
-            waiter.may_open = True
-            state.open += 1
-            waiter.event.set()
+            return
+        conn.close_now()
+        if state is not None:
+            state.open -= 1
+            if state.open <= 0 and self._is_gone(key):
+                del self._children[key]
 
     async def _connect(self, port: int) -> ChildConnection:
         raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -301,6 +244,4 @@ class UpstreamPool:
         for state in children.values():
             for conn in state.idle:
                 conn.close_now()
-            while state.waiting:
-                state.waiting.popleft().event.set()
         await trio.lowlevel.checkpoint()
