@@ -132,6 +132,9 @@ async def shutdown(ctx: RouterContext) -> None:
     ctx.scheduler.bus.close()  # SSE streams end now, not when the graceful window cuts them
     with trio.move_on_after(SHUTDOWN_GRACE):
         await ctx.scheduler.drain()  # waiters answered, no new load
+    if ctx.http_server is not None:  # no new connection; idle keep-alive ones closed
+        ctx.http_server.stop_accepting()
+        ctx.http_server.close_idle()
     drain = ctx.settings.drain_timeout
     with trio.move_on_after(drain) as scope:  # requests in flight get up to --drain-timeout
         await ctx.scheduler.wait_until(lambda s: not any(m.in_flight for m in s.models.values()))

@@ -95,6 +95,7 @@ class CoreBase:
         # (None: never, as upstream, whose rare models wait while popular ones stay busy).
         self.drain_after = drain_after
         self._starved_since: float | None = None
+        self._drain_futile = False  # a drain found no victim: none until a lease is taken
         self._swaps: deque[float] = deque()
         self._now = 0.0  # the time of the event being handled
         self.queue_max = queue_max  # 0: no limit on waiting requests
@@ -198,6 +199,7 @@ class CoreBase:
         if update_last_used:
             m.last_used = now
         m.in_flight += 1
+        self._drain_futile = False  # a model newly busy may be one a drain can take
         self._leases[rid] = Lease(m.config.name, m.gen)
         self._reply(rid, Grant(m.config.name, m.port, m.gen, waited))
 

@@ -276,7 +276,8 @@ class Settling(Views):
         for m in draining:
             if m.in_flight == 0 and not m.stopping:
                 self._request_stop(m, f"drain for {m.draining_for}")
-        if starving and not draining and not self._closing and not self._reloading:
+        quiet = not self._closing and not self._reloading and not self._drain_futile
+        if starving and not draining and quiet:
             if self._starved_since is None:
                 self._starved_since = self._now
         else:
@@ -307,7 +308,8 @@ class Settling(Views):
             return
         victim = pick_victim(self._models, self._queue, busy=True)
         if victim is None:
-            return  # only pinned models hold the slots: nothing may be drained
+            self._drain_futile = True  # only pinned models hold the slots: no timer again
+            return
         m = self._models[victim]
         m.draining_for = needy[0]
         self._emit(victim, "troupe_drain", {"for": needy[0], "in_flight": m.in_flight})

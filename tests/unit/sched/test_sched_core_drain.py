@@ -71,3 +71,11 @@ def test_the_drain_is_called_off_when_the_starving_request_leaves() -> None:
     assert b.view("a").draining_for is None
     b.release(lease)
     assert b.status("a").value == "loaded"
+
+
+def test_a_drain_that_finds_no_victim_sets_no_new_timer_until_something_changes() -> None:
+    b = Bench([ModelConfig("a", pin=True), ModelConfig("b")], models_max=1, drain_after=3.0)
+    lease, _ = starving_b(b)
+    b.core.on_time(b.core.next_deadline() or 0.0)
+    assert b.core.next_deadline() is None  # no wake-up every drain_after behind a pinned model
+    assert lease
