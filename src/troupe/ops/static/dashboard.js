@@ -182,9 +182,11 @@
       c.root.dataset.failed = String(Boolean(item.status.failed));
       c.field("in-flight").textContent = extra.in_flight ?? 0;
       const position = extra.queue_position ? ` (queue position ${extra.queue_position})` : "";
-      c.field("waiting").textContent = (extra.waiting ?? 0) + position;
+      const why = extra.wait_reason ? `: ${extra.wait_reason}` : "";
+      c.field("waiting").textContent = (extra.waiting ?? 0) + position + why;
       const memory = extra.memory || {};
-      c.field("memory-need").textContent = bytes(memory.need_bytes);
+      const source = memory.source ? ` (${memory.source})` : "";
+      c.field("memory-need").textContent = bytes(memory.need_bytes) + (memory.need_bytes ? source : "");
       c.field("memory-used").textContent = bytes(memory.used_bytes);
       const load = extra.last_load_seconds;
       c.field("last-load").textContent = load == null ? "-" : load.toFixed(2) + " s";
