@@ -37,10 +37,6 @@ DEFAULT_LOAD_SECONDS = 10.0  # a load never measured yet, for Retry-After
 EVICTION_REASONS = ("lru for ", "ttl", "memory", "drain for ")  # stops decided by the scheduler
 SWAP_REASONS = ("lru for ", "memory for ", "drain for ")  # a model stopped to make room for another
 SWAP_WINDOW = 60.0  # seconds: swaps_per_minute
-# Anti-thrash (with fair admission on): a model whose last request ended this long ago or
-# less is not yet idle enough to evict for another; a busy client's next request usually
-# comes within a millisecond or two, and evicting it then costs two swaps.
-IDLE_GRACE = 0.005
 
 
 @attrs.define
@@ -268,16 +264,6 @@ class CoreBase:
         # A model still loading has no request to finish: it is killed at once.
         kill = m.status is Status.LOADING or m.spawn_pending
         self._out.append(Stop(m.config.name, m.gen, kill=kill, reason=reason))
-
-    def _idle_grace_until(self, m: ModelState) -> float | None:
-        """Until when ``m``, idle a moment ago, is not evicted for another model."""
-        if self.drain_after is None or m.in_flight or not m.status.is_ready_or_sleeping:
-            return None  # upstream's admission exactly, or not idle at all
-        until = m.idle_since + IDLE_GRACE
-        return until if until > self._now else None
-
-    def _just_idle(self) -> list[str]:
-        return [n for n, m in self._models.items() if self._idle_grace_until(m) is not None]
 
     def _ttl_candidate(self, m: ModelState) -> bool:
         return (

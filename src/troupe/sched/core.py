@@ -12,7 +12,7 @@ from typing import Any
 
 from troupe.sched.base import DirectLoad, Waiter
 from troupe.sched.effects import Effect, Failure
-from troupe.sched.lru import evictions_needed, pick_victim
+from troupe.sched.lru import pick_victim
 from troupe.sched.measuring import MAX_ATTEMPTS
 from troupe.sched.memory_events import MemoryEvents
 from troupe.sched.status import Status
@@ -282,9 +282,6 @@ class SchedulerCore(MemoryEvents):
         ]
         if self._starved_since is not None and self.drain_after is not None:
             deadlines.append(self._starved_since + self.drain_after)
-        if evictions_needed(self._models, self._queue, self.models_max) > 0:
-            # a model idle only a moment ago may go for a waiting one once that passes
-            deadlines += [t for m in self._models.values() if (t := self._idle_grace_until(m))]
         return min(deadlines, default=None)
 
     def on_time(self, now: float) -> list[Effect]:

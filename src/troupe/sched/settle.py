@@ -266,11 +266,10 @@ class Settling(Views):
             and not (self._models[e.model].is_running and not self._models[e.model].stopping)
         ]
         starving = False
-        just_idle = self._just_idle()  # a woken timer lets them go (next_deadline)
         for model in needy[len(needy) - need :] if need > 0 else []:
-            victim = pick_victim(self._models, self._queue, exclude=just_idle)
+            victim = pick_victim(self._models, self._queue)
             if victim is None:
-                starving = not just_idle  # everything left is busy or pinned
+                starving = True  # everything left is busy or pinned
                 break
             self._request_stop(self._models[victim], f"lru for {model}")
         draining = [m for m in self._models.values() if m.draining_for is not None]

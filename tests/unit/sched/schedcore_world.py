@@ -343,7 +343,6 @@ class World:
             and (not core._models[e.model].is_running or core._models[e.model].stopping)
         } | {d.model for d in core._direct.values()}
         snap = core.snapshot().models
-        spared = set(core._just_idle())
         eligible = [
             v
             for v in snap.values()
@@ -352,7 +351,6 @@ class World:
             and not v.stopping
             and not v.pin
             and v.name not in queued
-            and v.name not in spared
         ]
         # No more evictions than the queue needs, counting slots the world's way. An
         # eviction for POST /models/load is exempt: upstream's unload_lru evicts whenever
@@ -424,9 +422,7 @@ class World:
                 raise AssertionError(f"{first} is next in line and could load now but waits")
         need = evictions_needed(core._models, core._queue, core.models_max)
         if need > 0:
-            # a model idle only a moment ago is spared for a few ms (anti-thrash); the core
-            # is woken when that passes (next_deadline), so waiting is not "left undone"
-            victim = pick_victim(core._models, core._queue, exclude=core._just_idle())
+            victim = pick_victim(core._models, core._queue)
             assert victim is None, f"{need} slots needed and {victim} is idle: {entries}"
         for rid, d in core._direct.items():
             if core._reloading:
@@ -488,9 +484,5 @@ class World:
         deadline = self.core.next_deadline()
         assert deadline is None or deadline > self.now, (deadline, self.now)
         for s in self.of_type(Stop):
-            if s.reason.startswith(("lru for ", "drain for ")):
-                # time let a spared model go, or a drain start (fair admission)
-                assert self.core.drain_after is not None, s
-                continue
             assert s.reason == "ttl", s
             assert self.configs[s.model].ttl is not None, s
