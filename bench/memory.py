@@ -31,7 +31,7 @@ from troupe.actors.measure import MeasureJob
 from troupe.catalog import build_catalog
 from troupe.catalog.facts import FactsCache
 from troupe.catalog.memory import model_need
-from troupe.child.breakdown import need_of_rows, parse_breakdown_line
+from troupe.child.breakdown import last_breakdown
 from troupe.engine import find_engine
 from troupe.messages import Measured, Message
 from troupe.settings.argv import parse_engine_args
@@ -75,17 +75,7 @@ async def after_load(argv: list[str]) -> tuple[int, int]:
         rss = psutil.Process(engine.process.pid).memory_info().rss
         await engine.send_exit()
         await engine.wait()
-    rows, in_block = [], False
-    for line in engine.stderr_lines:
-        if "memory breakdown [MiB]" in line:
-            rows, in_block = [], True
-            continue
-        row = parse_breakdown_line(line) if in_block else None
-        if row is None:
-            in_block = False
-        else:
-            rows.append(row)
-    return need_of_rows(rows).get("host", 0), rss
+    return last_breakdown(engine.stderr_lines).get("host", 0), rss
 
 
 def cell(value: int | None, truth: int) -> str:

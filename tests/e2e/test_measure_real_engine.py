@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from troupe.actors.measure import MeasureJob
-from troupe.child.breakdown import need_of_rows, parse_breakdown_line
+from troupe.child.breakdown import last_breakdown
 from troupe.messages import Measured, MeasureFailed, Message
 from troupe.testing import TinyModel, open_engine, write_tiny_gguf
 from troupe.testing.router import open_router, write_preset
@@ -27,22 +27,11 @@ async def measure(argv: list[str]) -> Message:
 
 async def loaded_breakdown(argv: list[str]) -> dict[str, int]:
     """What the child itself says it holds, once loaded (its breakdown at exit)."""
-    rows = []
     async with open_engine([*argv, "-lv", "4"], child=True) as engine:
         await engine.wait_state("ready")
         await engine.send_exit()
         await engine.wait()
-    in_block = False
-    for line in engine.stderr_lines:
-        if "memory breakdown [MiB]" in line:
-            in_block, rows = True, []
-            continue
-        row = parse_breakdown_line(line) if in_block else None
-        if row is None:
-            in_block = False
-        else:
-            rows.append(row)
-    return need_of_rows(rows)
+    return last_breakdown(engine.stderr_lines)
 
 
 @pytest.mark.parametrize("ctx", ["512", "2048"])

@@ -16,6 +16,7 @@ A device row (it has total and free columns) is that device's; every other row
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import attrs
 
@@ -23,6 +24,7 @@ __all__ = [
     "BreakdownRow",
     "BufferLine",
     "device_name",
+    "last_breakdown",
     "need_of_rows",
     "parse_breakdown_line",
     "parse_buffer_line",
@@ -73,6 +75,23 @@ def need_of_rows(rows: list[BreakdownRow]) -> dict[str, int]:
         name = device_name(row)
         need[name] = need.get(name, 0) + row.self_bytes
     return need
+
+
+def last_breakdown(lines: Iterable[str]) -> dict[str, int]:
+    """Bytes per device of the last breakdown block in a log (the one printed at exit is
+    what the child held once loaded)."""
+    rows: list[BreakdownRow] = []
+    in_block = False
+    for line in lines:
+        if "memory breakdown [MiB]" in line:
+            rows, in_block = [], True
+            continue
+        row = parse_breakdown_line(line) if in_block else None
+        if row is None:
+            in_block = False
+        else:
+            rows.append(row)
+    return need_of_rows(rows)
 
 
 def parse_breakdown_line(line: str) -> BreakdownRow | None:

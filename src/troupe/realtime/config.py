@@ -14,7 +14,7 @@ import attrs
 
 from troupe.realtime.events import RealtimeError
 
-__all__ = ["AUDIO_FORMATS", "ResponseConfig", "SessionConfig", "Updater"]
+__all__ = ["AUDIO_FORMATS", "RESPONSE_KEYS", "ResponseConfig", "SessionConfig", "Updater"]
 
 # audio/pcm is 16-bit little-endian mono at 24 kHz; pcmu/pcma are G.711 at 8 kHz.
 AUDIO_FORMATS = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}
@@ -129,7 +129,7 @@ class Updater:
             elif key == "truncation":
                 if value not in ("auto", "disabled"):
                     self.fault(path, "must be 'auto' or 'disabled'")
-            elif config.kind == "realtime" and key in _RESPONSE_KEYS:
+            elif config.kind == "realtime" and key in RESPONSE_KEYS:
                 continue  # below, all together
             else:
                 self.fault(path, "unknown field")
@@ -140,7 +140,7 @@ class Updater:
 
     def response(self, base: ResponseConfig, data: dict[str, Any], where: str) -> ResponseConfig:
         changes: dict[str, Any] = {}
-        for key in _RESPONSE_KEYS & data.keys():
+        for key in RESPONSE_KEYS & data.keys():
             value, path = data[key], f"{where}.{key}"
             checked = getattr(self, f"_{key}")(value, path)
             if checked is not _BAD:
@@ -294,7 +294,8 @@ class Updater:
 
 
 _BAD = object()
-_RESPONSE_KEYS = frozenset(
+# What a session sets for every response, and a response.create may override.
+RESPONSE_KEYS = frozenset(
     {
         "instructions",
         "output_modalities",

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from troupe.realtime import item_events
-from troupe.realtime.config import Updater
+from troupe.realtime.config import RESPONSE_KEYS, Updater
 from troupe.realtime.events import RealtimeError
 from troupe.realtime.items import item_from_client
 from troupe.realtime.response import ResponseRun, ResponseSpec
@@ -24,20 +24,7 @@ __all__ = ["handle_event", "parse_message"]
 Event = dict[str, Any]
 Handler = Callable[["Session", Event], Awaitable[None]]
 
-_RESPONSE_FIELDS = frozenset(
-    {
-        "conversation",
-        "input",
-        "metadata",
-        "instructions",
-        "output_modalities",
-        "tools",
-        "tool_choice",
-        "temperature",
-        "max_output_tokens",
-        "parallel_tool_calls",
-    }
-)
+_RESPONSE_FIELDS = RESPONSE_KEYS | {"conversation", "input", "metadata"}
 
 
 def parse_message(message: str | bytes) -> tuple[Event, str | None]:
