@@ -26,6 +26,21 @@ async def connect(router: RunningRouter) -> trio.SocketStream:
     return await trio.open_tcp_stream("127.0.0.1", port_of(router))
 
 
+async def start_stream(stream: trio.abc.Stream, tokens: int) -> bytes:
+    """A streamed completion of ``tokens`` on ``stream``; what arrived up to its first
+    event."""
+    body = json.dumps({"model": "a", "prompt": "x", "n_predict": tokens, "stream": True})
+    await stream.send_all(
+        b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b"
+        % (len(body), body.encode())
+    )
+    with trio.fail_after(10):
+        got = b""
+        while b"data: " not in got:
+            got += await stream.receive_some(65536)
+    return got
+
+
 async def read_until_closed(stream: trio.abc.Stream, limit: float = 10) -> bytes:
     """Everything until the server closes; then closes our end too."""
     data = b""
@@ -124,15 +139,7 @@ async def test_a_client_that_leaves_mid_stream_frees_the_model_at_once(
 ) -> None:
     async with fake_router({"a": {"fake-tps": "5"}}) as router:
         stream = await connect(router)
-        body = json.dumps({"model": "a", "prompt": "x", "n_predict": 500, "stream": True})
-        await stream.send_all(
-            b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b"
-            % (len(body), body.encode())
-        )
-        with trio.fail_after(10):
-            got = b""
-            while b"data: " not in got:
-                got += await stream.receive_some(65536)
+        await start_stream(stream, 500)
         assert router.snapshot.models["a"].in_flight == 1
         await stream.aclose()  # the next token is 200 ms away: only the watch can notice
         with trio.fail_after(1):
@@ -264,15 +271,7 @@ async def test_the_drain_ends_an_open_stream_with_a_final_event(
     async with fake_router({"a": {"fake-tps": "20"}}) as router:
         stream = await connect(router)
         idle = await connect(router)
-        body = json.dumps({"model": "a", "prompt": "x", "n_predict": 5000, "stream": True})
-        await stream.send_all(
-            b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b"
-            % (len(body), body.encode())
-        )
-        with trio.fail_after(10):
-            got = b""
-            while b"data: " not in got:
-                got += await stream.receive_some(65536)
+        got = await start_stream(stream, 5000)
         server = router.ctx.http_server
         assert server is not None
         async with trio.open_nursery() as nursery:
