@@ -96,27 +96,31 @@ class Instance:
         """Run until the child is gone; always ends with exactly one ``Exited``."""
         async with self._outbox:
             try:
-                code, detail = await self._run(delay)
-            except Exception as exc:  # an actor bug is this model's failure, not the router's
-                log.exception("instance actor for %s failed", self.model)
-                if self.pid is not None:
-                    kill_group(self.pid)
-                code, detail = 1, f"troupe instance error: {exc!r}"
-            finally:
-                if self.pid is not None and self._ledger is not None:
-                    self._ledger.remove(self.pid)
-            with trio.CancelScope(shield=True):
-                oom = self.failure is not None and self.failure[0] is LogKind.OOM
-                await self._outbox.send(
-                    Exited(
-                        self.model,
-                        self.gen,
-                        code,
-                        expected=self._stop.is_set(),
-                        detail=detail,
-                        oom=oom,
+                try:
+                    code, detail = await self._run(delay)
+                except Exception as exc:  # an actor bug is this model's failure only
+                    log.exception("instance actor for %s failed", self.model)
+                    if self.pid is not None:
+                        kill_group(self.pid)
+                    code, detail = 1, f"troupe instance error: {exc!r}"
+                with trio.CancelScope(shield=True):
+                    oom = self.failure is not None and self.failure[0] is LogKind.OOM
+                    await self._outbox.send(
+                        Exited(
+                            self.model,
+                            self.gen,
+                            code,
+                            expected=self._stop.is_set(),
+                            detail=detail,
+                            oom=oom,
+                        )
                     )
-                )
+            finally:
+                # After the news and off the event loop: a swap's next child waits on the
+                # news, and an entry left for a dead pid is harmless (create times differ).
+                if self.pid is not None and self._ledger is not None:
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(self._ledger.remove, self.pid)
 
     async def _run(self, delay: float) -> tuple[int, str | None]:
         if delay > 0:

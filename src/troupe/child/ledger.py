@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import threading
 from pathlib import Path
 
 import psutil
@@ -40,24 +41,28 @@ def _create_time(pid: int) -> float | None:
 
 
 class PidLedger:
-    """This process's ledger file. Writes are tiny and synchronous, on purpose: the
-    entry must be on disk before anything else can happen to this troupe."""
+    """This process's ledger file. An addition is written synchronously, on purpose:
+    the entry must be on disk before anything else can happen to this troupe. A removal
+    may be written from a worker thread (a stale entry is harmless), hence the lock."""
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.path = state_dir / f"children-{os.getpid()}.json"
         self._children: dict[int, tuple[float, str]] = {}
         self._owner = (os.getpid(), _create_time(os.getpid()))
+        self._lock = threading.Lock()
 
     def add(self, pid: int, model: str) -> None:
         ct = _create_time(pid)
         if ct is not None:
-            self._children[pid] = (ct, model)
-            self._write()
+            with self._lock:
+                self._children[pid] = (ct, model)
+                self._write()
 
     def remove(self, pid: int) -> None:
-        if self._children.pop(pid, None) is not None:
-            self._write()
+        with self._lock:
+            if self._children.pop(pid, None) is not None:
+                self._write()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -37,6 +37,7 @@ DEFAULT_LOAD_SECONDS = 10.0  # a load never measured yet, for Retry-After
 EVICTION_REASONS = ("lru for ", "ttl", "memory", "drain for ")  # stops decided by the scheduler
 SWAP_REASONS = ("lru for ", "memory for ", "drain for ")  # a model stopped to make room for another
 SWAP_WINDOW = 60.0  # seconds: swaps_per_minute
+TRUE_UP_DELAY = 0.5  # seconds after a child is ready before it is read (unless sooner)
 
 
 @attrs.define
@@ -125,7 +126,12 @@ class CoreBase:
                 memory.set_estimate(m.config.name, m.config.need)
         self._sample: MemorySample | None = None
         self._mem_version = 0
+        self._grown_version = 0  # the last change that may have taken memory (not an exit)
         self._sampled_version = -1
+        # A child that came up is read again a moment later, not at once: its first
+        # requests run then, and a reading competes with them for the CPU.
+        self._true_up_due: float | None = None
+        self._true_up_version = 0  # a reading of this version or later does it
         self._sampling = False
         self._sample_failed_version = -1  # a reading of this version could not be made
         # The engine's own projections (measure jobs), with memory admission only.
@@ -222,11 +228,19 @@ class CoreBase:
             self._mark_loading(m, now)
         self._out.append(Spawn(m.config.name, m.gen, delay))
 
-    def _memory_changed(self) -> None:
+    def _memory_changed(self, *, released: bool = False) -> None:
+        """``released``: a child exited or went to sleep, so memory can only have come back."""
         self._mem_version += 1
+        if not released:
+            self._grown_version = self._mem_version
 
     def _sample_fresh(self) -> bool:
         return self._sample is not None and self._sampled_version == self._mem_version
+
+    def _sample_conservative(self) -> bool:
+        """Only releases since the last reading: it understates what is free, so a model
+        it admits fits (a swap need not wait for a new reading after its victim exits)."""
+        return self._sample is not None and self._grown_version <= self._sampled_version
 
     def _request_sample(self) -> None:
         if self.memory is None or self._sampling:
@@ -259,6 +273,10 @@ class CoreBase:
         m.last_eviction = reason
         if reason.startswith(SWAP_REASONS):
             self._swaps.append(self._now)
+            if self.memory is not None and not self._sample_fresh():
+                # Read while the victim exits: the model it makes room for is admitted on
+                # this reading the moment the victim is gone (see _sample_conservative).
+                self._request_sample()
         if reason.startswith(EVICTION_REASONS):
             self._emit(m.config.name, "troupe_evict", {"reason": reason})
         # A model still loading has no request to finish: it is killed at once.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from troupe.sched.base import DirectLoad, Waiter
+from troupe.sched.base import TRUE_UP_DELAY, DirectLoad, Waiter
 from troupe.sched.effects import Effect, Failure
 from troupe.sched.lru import pick_victim
 from troupe.sched.measuring import MAX_ATTEMPTS
@@ -181,13 +181,15 @@ class SchedulerCore(MemoryEvents):
                 m.idle_since = now
             m.oom_retried = False
             self._memory_changed()
-            self._request_sample()  # learn what it really holds (true-up)
+            if self.memory is not None:
+                self._true_up_due = now + TRUE_UP_DELAY  # learn what it really holds, soon
+                self._true_up_version = self._mem_version
             self._measure_again(model)
         elif state == "sleeping":
             m.status = Status.SLEEPING
             m.exit_code = 0
             data = {"status": "sleeping"}
-            self._memory_changed()  # a sleeping child gives its memory back
+            self._memory_changed(released=True)  # a sleeping child gives its memory back
         else:
             return self._flush()
         self._emit(model, "status_change", data)
@@ -218,7 +220,7 @@ class SchedulerCore(MemoryEvents):
             # The claimed load died: the entry is back in line, so its other waiters (and
             # everyone queued behind it) are not stranded behind a claim that is over.
             self._queue.claim_failed(model)
-        self._memory_changed()
+        self._memory_changed(released=True)
         m.status = Status.UNLOADED
         m.exit_code = code
         m.stopping = False
@@ -282,6 +284,8 @@ class SchedulerCore(MemoryEvents):
         ]
         if self._starved_since is not None and self.drain_after is not None:
             deadlines.append(self._starved_since + self.drain_after)
+        if self._true_up_due is not None:
+            deadlines.append(self._true_up_due)
         return min(deadlines, default=None)
 
     def on_time(self, now: float) -> list[Effect]:
@@ -296,5 +300,8 @@ class SchedulerCore(MemoryEvents):
             and now >= self._starved_since + self.drain_after
         ):
             self._start_drain()
+        if self._true_up_due is not None and now >= self._true_up_due:
+            self._true_up_due = None
+            self._request_sample()
         self._settle(now)
         return self._flush()

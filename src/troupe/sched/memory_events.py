@@ -26,6 +26,8 @@ class MemoryEvents(Lifecycle):
         self._sampling = False
         self._sample = sample
         self._sampled_version = version
+        if version >= self._true_up_version:
+            self._true_up_due = None  # this reading trues up every model up by then
         if self.memory is not None:
             for name, m in self._models.items():
                 used = sample.footprint.get(m.pid) if m.pid else None

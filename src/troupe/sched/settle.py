@@ -228,15 +228,19 @@ class Settling(Views):
             return False
         if ledger.need(name) is None:
             return True  # unknown need: load without the check, learn it once it is up
+        holders = self._memory_holders()
         if not self._sample_fresh():
             if self._sample_failed_version == self._mem_version:
                 warning = "loading without the memory check: memory could not be read"
                 self._emit(name, "troupe_memory", {"warning": warning})
                 return True
+            if self._sample_conservative():
+                assert self._sample is not None
+                if not ledger.deficit(name, self._sample, holders):
+                    return True  # it fitted before a child exited: it fits now
             self._request_sample()
             return False
         assert self._sample is not None
-        holders = self._memory_holders()
         deficit = ledger.deficit(name, self._sample, holders)
         if not deficit:
             return True

@@ -127,8 +127,44 @@ def test_unknown_need_loads_without_the_check_then_learns() -> None:
     assert any(s.model == "mystery" for s in d.spawns)
     assert d.c.memory is not None
     d.c.memory.set_estimate("mystery", {"host": 123 * MiB})  # as if estimated since
-    d.start("mystery")  # ready asks for a sample; the true-up learns what it holds
+    d.start("mystery")
+    # Read a moment after it is up (its first requests run meanwhile), not at once.
+    assert "mystery" not in d.c.memory.effective
+    due = d.c.next_deadline()
+    assert due is not None and due > d.now
+    d.now = due
+    d.run(d.c.on_time(d.now))  # the true-up learns what it holds
     assert d.c.memory.effective["mystery"] == {"host": 123 * MiB}
+    assert d.c.next_deadline() is None
+
+
+def test_a_swap_admits_its_next_model_on_the_reading_from_before_the_victim_exited() -> None:
+    # A reading taken before a child exited understates what is free: the next model
+    # that fitted on it is spawned at once, without waiting for a new reading.
+    d = Driver(core({"a": 300 * MiB, "b": 300 * MiB}, margin=50 * MiB, models_max=1))
+    d.run(d.c.acquire(1, "a", d.now))
+    d.start("a")
+    d.run(d.c.release(1, d.now))
+    d.run(d.c.acquire(2, "b", d.now))  # a is evicted for b
+    assert [s.model for s in d.stops] == ["a"]
+    samples: list[SampleMemory] = []
+    spawn = next(s for s in reversed(d.spawns) if s.model == "a")
+    d.pids.pop("a")
+    effects = d.c.exited("a", spawn.gen, 0, d.now, expected=True)
+    samples = [e for e in effects if isinstance(e, SampleMemory)]
+    assert [e.model for e in effects if isinstance(e, Spawn)] == ["b"]
+    assert samples == []
+
+
+def test_after_a_spawn_an_old_reading_is_not_trusted() -> None:
+    # Memory may have been taken since (a child loading): the next load waits for a
+    # new reading before it is admitted.
+    d = Driver(core({"a": 300 * MiB, "b": 300 * MiB}, margin=50 * MiB, models_max=2))
+    d.run(d.c.acquire(1, "a", d.now))  # sampled, admitted, spawned
+    d.start("a")  # its child started and came up since that reading
+    effects = d.c.acquire(2, "b", d.now)
+    assert any(isinstance(e, SampleMemory) for e in effects)
+    assert not any(isinstance(e, Spawn) and e.model == "b" for e in effects)
 
 
 def test_a_load_that_died_of_oom_is_retried_once_after_evicting_idle_models() -> None:
