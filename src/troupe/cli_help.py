@@ -89,9 +89,10 @@ troupe's own:
   --drain-timeout SECONDS   on SIGTERM, how long requests in flight may finish before
                             they are cut (default: 30)
   --drain-after SECONDS     a model that gets no slot because every loaded one is
-                            busy waits this long, then the least recently used busy
-                            model takes no new request and is swapped out once idle
-                            (default: 1; off: never, as llama.cpp's router)
+                            busy waits this long, then the busy model with the least
+                            demand takes no new request and is swapped out once idle;
+                            evictions go by demand too (default: 1; off: never, and
+                            least recently used, as llama.cpp's router)
   --models-memory-margin MIB
                             keep this much free on every device (default: 1024; off)
   --max-body-mib N, --ws-max-message-mib N

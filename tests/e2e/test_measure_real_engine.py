@@ -74,10 +74,14 @@ async def test_models_shows_the_engines_figure_and_its_source(
         for name in sections:
             resp = await http.post("/completion", json={"model": name, "prompt": "hi"})
             assert resp.status_code == 200
+        ledger = router.ctx.scheduler.ledger
+        assert ledger is not None
         with trio.fail_after(30):  # measured before they loaded, once each
             await router.ctx.scheduler.wait_until(
                 lambda s: all(v.memory_source is not None for v in s.models.values())
             )
+            # ... and read once up (the true-up comes a moment after ready)
+            await router.ctx.scheduler.wait_until(lambda s: set(sections) <= set(ledger.effective))
         listed = {
             m["id"]: m["troupe"]["memory"] for m in (await http.get("/models")).json()["data"]
         }

@@ -92,7 +92,7 @@ class CoreBase:
     ) -> None:
         self.models_max = models_max
         # A queued model that gets no slot because every loaded model is busy waits at
-        # most this long before the least recently used busy one is drained for it
+        # most this long before the busy one with the least demand is drained for it
         # (None: never, as upstream, whose rare models wait while popular ones stay busy).
         self.drain_after = drain_after
         self._starved_since: float | None = None

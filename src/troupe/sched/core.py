@@ -12,7 +12,7 @@ from typing import Any
 
 from troupe.sched.base import TRUE_UP_DELAY, DirectLoad, Waiter
 from troupe.sched.effects import Effect, Failure
-from troupe.sched.lru import pick_victim
+from troupe.sched.lru import pick_victim, record_demand
 from troupe.sched.measuring import MAX_ATTEMPTS
 from troupe.sched.memory_events import MemoryEvents
 from troupe.sched.status import Status
@@ -58,12 +58,16 @@ class SchedulerCore(MemoryEvents):
             else:
                 self._reply(rid, Failure.bad_request("model is not loaded"))
         elif not m.stopping and m.draining_for is None and m.status.is_ready_or_sleeping:
+            if update_last_used:
+                record_demand(m, now)
             self._grant(rid, m, update_last_used, now, waited=False)
         elif self._held_back(m, now):
             self._reply(rid, Failure.unavailable(self._held_message(m, now)))
         elif self.queue_max > 0 and len(self._waiters) >= self.queue_max:
             self._reply(rid, self._queue_full(model))
         else:
+            if update_last_used:
+                record_demand(m, now)
             w = Waiter(model, update_last_used)
             self._waiters[rid] = w
             if m.status is Status.UNLOADED:

@@ -1,13 +1,46 @@
-"""Choosing what to evict: llama.cpp's ``pick_victim`` and ``tick``, as pure functions."""
+"""Choosing what to evict: llama.cpp's ``pick_victim`` and ``tick``, as pure functions,
+and troupe's demand-aware choice (with fair admission on).
+
+Upstream evicts the least recently used idle model. Among models that all serve a
+steady stream, "least recently used" is whichever happened to finish a request last,
+and "idle" is a moment between two requests: a popular model idle for a millisecond
+was evicted for a rare one, and then the other popular one for it (a cascade of four
+loads where two do). With fair admission troupe evicts the model with the least
+*demand* (requests, each weighing less as it ages), and does not evict a model while
+one with far less demand, busy or still loading, can go once done: it waits for that one
+(a rare model serving the requests it was loaded for), the drain timer bounding the wait.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.table import ModelState
 
-__all__ = ["evictions_needed", "pick_victim"]
+__all__ = ["demand", "evictions_needed", "pick_victim", "record_demand"]
+
+DEMAND_TAU = 60.0  # seconds: a request's weight in a model's demand decays by e each TAU
+HOLD_FOR = 2.0  # wait for a busy model this many times less in demand than the idle one
+
+
+def demand(m: ModelState, now: float) -> float:
+    if not m.demand:
+        return 0.0
+    return m.demand * math.exp(-max(0.0, now - m.demand_at) / DEMAND_TAU)
+
+
+def record_demand(m: ModelState, now: float) -> None:
+    """A request asked for ``m`` at ``now``."""
+    m.demand = demand(m, now) + 1.0
+    m.demand_at = now
+
+
+def _evictable(m: ModelState, busy: bool) -> bool:
+    if bool(m.in_flight) != busy or not m.status.is_ready_or_sleeping or m.spawn_pending:
+        return False
+    return not (m.stopping or m.draining_for is not None or m.config.pin)
 
 
 def pick_victim(
@@ -16,6 +49,7 @@ def pick_victim(
     exclude: Iterable[str] = (),
     *,
     busy: bool = False,
+    now: float | None = None,
 ) -> str | None:
     """The least recently used model that can go, or None.
 
@@ -23,20 +57,29 @@ def pick_victim(
     yet), one already stopping or draining, one a queued request wants, or a pinned
     one. Ties go to the first name in byte order, like upstream's ordered map.
     ``busy``: the other way round, only models with requests in flight (to drain one).
+    ``now`` (fair admission): the least demand first, the least recently used among
+    equals, and None while a busy model with far less demand could go instead.
     """
     skip = set(exclude)
     best: str | None = None
-    best_used = 0.0
+    best_key = (0.0, 0.0)
     for name in sorted(models):
         m = models[name]
-        if bool(m.in_flight) != busy or not m.status.is_ready_or_sleeping or m.spawn_pending:
+        if not _evictable(m, busy) or name in skip or queue.find(name) is not None:
+            continue
+        key = (0.0 if now is None else demand(m, now), m.last_used)
+        if best is None or key < best_key:
+            best, best_key = name, key
+    if best is None or now is None or busy:
+        return best
+    for name, m in models.items():
+        if name == best or name in skip or not m.is_running:
             continue
         if m.stopping or m.draining_for is not None or m.config.pin:
             continue
-        if name in skip or queue.find(name) is not None:
-            continue
-        if best is None or m.last_used < best_used:
-            best, best_used = name, m.last_used
+        # Busy, loading or wanted by a queued request: it can go once done with those.
+        if demand(m, now) * HOLD_FOR < best_key[0]:
+            return None  # wait for it rather than evict a model in demand
     return best
 
 
@@ -45,13 +88,16 @@ def evictions_needed(
 ) -> int:
     """How many more slots the queue needs freed (upstream ``tick``'s ``n_needed - n_free``).
 
-    Stopping models count as free (they are on their way out); a claimed entry already
-    owns a slot, and an entry whose model is up needs none.
+    Stopping (and draining) models count as free (they are on their way out); a claimed
+    entry already owns a slot, and an entry whose model is up needs none.
     """
     if models_max <= 0 or not queue.entries:
         return 0
     n_running = sum(1 for m in models.values() if m.is_running)
-    n_stopping = sum(1 for m in models.values() if m.is_running and m.stopping)
+    # A model draining for a queued one is on its way out, like a stopping one.
+    n_stopping = sum(
+        1 for m in models.values() if m.is_running and (m.stopping or m.draining_for is not None)
+    )
     n_needed = 0
     n_claimed = 0
     for e in queue.entries:

@@ -271,7 +271,7 @@ class Settling(Views):
         ]
         starving = False
         for model in needy[len(needy) - need :] if need > 0 else []:
-            victim = pick_victim(self._models, self._queue)
+            victim = pick_victim(self._models, self._queue, now=self._demand_now)
             if victim is None:
                 starving = True  # everything left is busy or pinned
                 break
@@ -287,6 +287,12 @@ class Settling(Views):
         else:
             self._starved_since = None
 
+    @property
+    def _demand_now(self) -> float | None:
+        """With fair admission, victims are chosen by demand (see sched.lru); without,
+        exactly as upstream."""
+        return self._now if self.drain_after is not None else None
+
     def _call_off_drains(self) -> None:
         """A drain whose model no longer waits for a slot (it left, or it got one) ends:
         the model takes leases again, before anyone waiting for it is looked at."""
@@ -300,8 +306,9 @@ class Settling(Views):
                 m.draining_for = None
 
     def _start_drain(self) -> None:
-        """The queue has starved for ``drain_after``: the least recently used busy model
-        takes no new lease, and is stopped once its requests end (fair admission)."""
+        """The queue has starved for ``drain_after``: the busy model with the least demand
+        (the least recently used among equals) takes no new lease, and is stopped once
+        its requests end (fair admission)."""
         self._starved_since = None
         needy = [
             e.model
@@ -310,7 +317,7 @@ class Settling(Views):
         ]
         if not needy:
             return
-        victim = pick_victim(self._models, self._queue, busy=True)
+        victim = pick_victim(self._models, self._queue, busy=True, now=self._demand_now)
         if victim is None:
             self._drain_futile = True  # only pinned models hold the slots: no timer again
             return

@@ -41,6 +41,8 @@ class ModelState:
     progress: dict[str, Any] | None = None
     loaded_info: dict[str, Any] | None = None
     last_used: float = 0.0
+    demand: float = 0.0  # requests, each counted less as it ages (see sched.lru.demand)
+    demand_at: float = 0.0  # when ``demand`` was last brought up to date
     idle_since: float = 0.0  # when the last request finished (TTL counts from here)
     in_flight: int = 0
     load_started: float | None = None

@@ -126,7 +126,7 @@ class RouterSettings:
     load_timeout: float | None = 300.0
     drain_timeout: float = 30.0  # on SIGTERM, how long requests in flight may finish
     # A model that gets no slot because every loaded one is busy waits this long, then the
-    # least recently used busy model is drained for it; None ("off"): never, as upstream.
+    # busy model with the least demand is drained for it; None ("off"): never, as upstream.
     drain_after: float | None = 1.0
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20

@@ -22,6 +22,7 @@ from troupe.sched import (
     Failure,
     Grant,
     ModelConfig,
+    ModelView,
     Reply,
     SampleMemory,
     SchedulerCore,
@@ -30,7 +31,7 @@ from troupe.sched import (
     Stop,
 )
 from troupe.sched.effects import Reloaded
-from troupe.sched.lru import evictions_needed, pick_victim
+from troupe.sched.lru import demand, evictions_needed, pick_victim
 
 __all__ = ["CRASH_LIMIT", "CRASH_WINDOW", "REPORTED", "Ask", "Child", "World"]
 
@@ -401,10 +402,17 @@ class World:
             assert target in needy, f"{s} but {target} needs no slot; queue={entries}"
             victim = snap[s.model]
             for other in eligible:
-                assert (victim.last_used, victim.name) <= (other.last_used, other.name), (
+                # With fair admission the least demand goes first (sched.lru), else LRU.
+                assert self.victim_key(victim) <= self.victim_key(other), (
                     f"{s} evicts {victim.name} (used {victim.last_used}) before "
                     f"{other.name} (used {other.last_used})"
                 )
+
+    def victim_key(self, v: ModelView) -> tuple[float, float, str]:
+        assert self.core is not None
+        fair = self.core.drain_after is not None
+        wanted = demand(self.core._models[v.name], self.now) if fair else 0.0
+        return (wanted, v.last_used, v.name)
 
     def check_nothing_left_undone(self) -> None:
         """After any event the core is at rest: nothing it could do now is left for a
@@ -422,7 +430,7 @@ class World:
                 raise AssertionError(f"{first} is next in line and could load now but waits")
         need = evictions_needed(core._models, core._queue, core.models_max)
         if need > 0:
-            victim = pick_victim(core._models, core._queue)
+            victim = pick_victim(core._models, core._queue, now=core._demand_now)
             assert victim is None, f"{need} slots needed and {victim} is idle: {entries}"
         for rid, d in core._direct.items():
             if core._reloading:

@@ -131,7 +131,8 @@ def test_unknown_need_loads_without_the_check_then_learns() -> None:
     # Read a moment after it is up (its first requests run meanwhile), not at once.
     assert "mystery" not in d.c.memory.effective
     due = d.c.next_deadline()
-    assert due is not None and due > d.now
+    assert due is not None
+    assert due > d.now
     d.now = due
     d.run(d.c.on_time(d.now))  # the true-up learns what it holds
     assert d.c.memory.effective["mystery"] == {"host": 123 * MiB}

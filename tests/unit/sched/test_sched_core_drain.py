@@ -1,5 +1,5 @@
 """Fair admission (--drain-after): a model that gets no slot because every loaded model
-is busy waits a bounded time, then the least recently used busy model is drained for it."""
+is busy waits a bounded time, then the busy model with the least demand is drained for it."""
 
 from __future__ import annotations
 

@@ -1,0 +1,71 @@
+"""Demand-aware eviction (with fair admission on): the model with the least demand goes,
+not whichever popular model happened to be idle for a moment; without it, upstream LRU."""
+
+from __future__ import annotations
+
+from schedcore_kit import Bench, spawns, stops
+
+from troupe.sched import Stop
+
+
+def popular_and_rare(b: Bench) -> None:
+    """a and b are up; a was asked for three times, b once, b last."""
+    b.bring_up("a")
+    for _ in range(3):
+        b.release(b.lease("a"))
+    b.bring_up("b")
+    b.release(b.lease("b"))
+
+
+def test_fair_admission_evicts_the_least_demanded_idle_model_not_the_lru_one() -> None:
+    b = Bench(models_max=2, drain_after=1.0)
+    popular_and_rare(b)
+    (stop,) = stops(b.acquire(b.rid(), "c"))
+    assert stop.model == "b"  # used last, but asked for least
+
+
+def test_without_fair_admission_the_lru_model_goes_as_upstream() -> None:
+    b = Bench(models_max=2)
+    popular_and_rare(b)
+    (stop,) = stops(b.acquire(b.rid(), "c"))
+    assert stop.model == "a"
+
+
+def test_a_popular_model_idle_for_a_moment_is_not_evicted_while_a_rare_one_can_go() -> None:
+    # m-c (rare) was loaded in a's place and serves what it was loaded for; a's requests
+    # now wait. b (popular) goes idle between two requests: evicting it would be a second
+    # swap for nothing, since c goes as soon as its request is done.
+    b = Bench(models_max=2, drain_after=1.0)
+    b.bring_up("b")
+    for _ in range(10):
+        b.release(b.lease("b"))
+    b.bring_up("c")
+    rare = b.lease("c")
+    busy_b = b.lease("b")
+    for _ in range(8):
+        b.acquire(b.rid(), "a")  # a is in demand: eight requests wait for it
+    assert stops(b.release(busy_b)) == []  # b idle for a moment: kept
+    (stop,) = stops(b.release(rare))  # c done: it goes for a
+    assert stop == Stop("c", b.gen["c"], kill=False, reason="lru for a")
+    out = b.finish_stop(stop)
+    assert [s.model for s in spawns(out)] == ["a"]
+    assert b.view("b").status.value == "loaded"
+
+
+def test_the_wait_for_the_rare_model_is_bounded_by_the_drain_timer() -> None:
+    b = Bench(models_max=2, drain_after=1.0)
+    b.bring_up("b")
+    for _ in range(10):
+        b.release(b.lease("b"))
+    b.bring_up("c")
+    rare = b.lease("c")  # never released: a client that keeps c busy
+    for _ in range(8):
+        b.acquire(b.rid(), "a")
+    deadline = b.core.next_deadline()
+    assert deadline is not None
+    b.now = deadline
+    b.core.on_time(deadline)
+    assert b.view("c").draining_for == "a"  # the least demanded busy model, not b
+    (stop,) = stops(b.release(rare))
+    assert stop.reason == "drain for a"
+    assert [s.model for s in spawns(b.finish_stop(stop))] == ["a"]
