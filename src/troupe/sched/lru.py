@@ -50,6 +50,7 @@ def pick_victim(
     *,
     busy: bool = False,
     now: float | None = None,
+    hold: bool = True,
 ) -> str | None:
     """The least recently used model that can go, or None.
 
@@ -58,7 +59,7 @@ def pick_victim(
     one. Ties go to the first name in byte order, like upstream's ordered map.
     ``busy``: the other way round, only models with requests in flight (to drain one).
     ``now`` (fair admission): the least demand first, the least recently used among
-    equals, and None while a busy model with far less demand could go instead.
+    equals, and (``hold``) None while a model with far less demand could go instead.
     """
     skip = set(exclude)
     best: str | None = None
@@ -70,7 +71,7 @@ def pick_victim(
         key = (0.0 if now is None else demand(m, now), m.last_used)
         if best is None or key < best_key:
             best, best_key = name, key
-    if best is None or now is None or busy:
+    if best is None or now is None or busy or not hold:
         return best
     for name, m in models.items():
         if name == best or name in skip or not m.is_running:

@@ -319,6 +319,12 @@ class Settling(Views):
             return
         victim = pick_victim(self._models, self._queue, busy=True, now=self._demand_now)
         if victim is None:
+            # Nothing busy to drain: the wait was for a model far less in demand that is
+            # still loading (see sched.lru); it has been long enough, an idle one goes.
+            idle = pick_victim(self._models, self._queue, now=self._demand_now, hold=False)
+            if idle is not None:
+                self._request_stop(self._models[idle], f"lru for {needy[0]}")
+                return
             self._drain_futile = True  # only pinned models hold the slots: no timer again
             return
         m = self._models[victim]

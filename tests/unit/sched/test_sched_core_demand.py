@@ -69,3 +69,21 @@ def test_the_wait_for_the_rare_model_is_bounded_by_the_drain_timer() -> None:
     (stop,) = stops(b.release(rare))
     assert stop.reason == "drain for a"
     assert [s.model for s in spawns(b.finish_stop(stop))] == ["a"]
+
+
+def test_a_hold_for_a_model_that_is_still_loading_ends_with_the_drain_timer() -> None:
+    # c (rare) takes long to load; a (popular) is idle. b waits: a is kept while c may
+    # go once done, but not past the bound: then a goes, as upstream would at once.
+    b = Bench(models_max=2, drain_after=1.0)
+    b.bring_up("a")
+    for _ in range(10):
+        b.release(b.lease("a"))
+    assert [s.model for s in spawns(b.acquire(b.rid(), "c"))] == ["c"]  # the free slot
+    b.spawned("c")  # ... and it loads, slowly
+    for _ in range(4):
+        b.acquire(b.rid(), "b")
+    assert b.view("a").stopping is False  # held: c, still loading, can go instead
+    deadline = b.core.next_deadline()
+    assert deadline is not None
+    (stop,) = stops(b.on_time(deadline))
+    assert stop == Stop("a", b.gen["a"], kill=False, reason="lru for b")
