@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import trio
@@ -21,6 +22,7 @@ from troupe.actors.memory import MemorySampler
 from troupe.catalog import needs_restart
 from troupe.catalog.prepared import PreparedCatalog
 from troupe.child.ledger import PidLedger
+from troupe.child.prefetch import model_files, prefetch
 from troupe.errors import ConfigError
 from troupe.messages import (
     MeasureFailed,
@@ -35,6 +37,7 @@ from troupe.sched import (
     Emit,
     Failure,
     Grant,
+    Prefetch,
     Reply,
     SampleMemory,
     SchedulerCore,
@@ -108,6 +111,7 @@ class EffectRunner:
         # Blocking work, one call at a time per kind (file writes must not interleave).
         self._scan_limit = trio.CapacityLimiter(1)
         self._save_limit = trio.CapacityLimiter(1)
+        self._prefetch_limit = trio.CapacityLimiter(1)  # one file read ahead at a time
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         # Told when a child starts (how many connections it takes) and when it is stopped
         # or exits (its idle connections close: one holds llama-server's exit ~110 ms).
@@ -147,6 +151,8 @@ class EffectRunner:
                 case SampleMemory():
                     assert self._nursery is not None
                     self._nursery.start_soon(self._sample_memory, effect)
+                case Prefetch():
+                    self._start_prefetch(effect.model)
                 case Emit():
                     if effect.event in ("troupe_evict", "troupe_memory"):
                         log.info("%s: %s %s", effect.model, effect.event, effect.data)
@@ -304,6 +310,24 @@ class EffectRunner:
             message = f"model name={model} is not removable (not from cache)"
             return [Reply(rid, Failure.server_error(message))]
         return self._core.remove(rid, model, now)
+
+    def _start_prefetch(self, model: str) -> None:
+        entry = self._catalogue.catalog.get(model)
+        if entry is None or entry.model_path is None or self._nursery is None:
+            return
+        files = model_files(entry.model_path, entry.mmproj_path)
+        self._nursery.start_soon(self._prefetch, model, files)
+
+    async def _prefetch(self, model: str, files: list[Path]) -> None:
+        try:
+            asked = await trio.to_thread.run_sync(
+                prefetch, files, limiter=self._prefetch_limit, abandon_on_cancel=True
+            )
+        except Exception:  # a hint: its failure must not take the scheduler down
+            log.exception("reading ahead the files of %s failed", model)
+            return
+        if asked:
+            log.debug("reading ahead %d MiB of %s while it waits", asked >> 20, model)
 
     # ----- memory ----------------------------------------------------------------------
 

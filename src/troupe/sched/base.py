@@ -116,6 +116,7 @@ class CoreBase:
         # reload: a stale lease or event from an old child must never match a new one.
         self._last_gen: dict[str, int] = {}
         self._out: list[Effect] = []
+        self._prefetched: set[str] = set()  # models waiting for a slot, files read ahead
         self._version = 0
         self._queue_seen: dict[str, tuple[int, int, str]] = {}  # model -> (waiters, position, why)
         # Memory admission (None: count limit only). A sample is "fresh" while nothing

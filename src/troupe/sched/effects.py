@@ -14,6 +14,7 @@ __all__ = [
     "Failure",
     "Grant",
     "Measure",
+    "Prefetch",
     "Reloaded",
     "Reply",
     "SampleMemory",
@@ -90,6 +91,14 @@ class Reply:
 
 
 @attrs.frozen
+class Prefetch:
+    """Start reading ``model``'s files into the page cache: it waits for a slot (a victim
+    draining or exiting), and its child will load from memory instead of the disk."""
+
+    model: str
+
+
+@attrs.frozen
 class SampleMemory:
     """Read every device's free memory and what each child process uses; answer with
     ``memory_sampled(sample, version)``."""
@@ -143,5 +152,14 @@ class CancelMeasure:
 
 
 Effect = (
-    Spawn | Stop | Reply | Emit | SampleMemory | Reloaded | DeleteFiles | Measure | CancelMeasure
+    Spawn
+    | Stop
+    | Reply
+    | Emit
+    | SampleMemory
+    | Prefetch
+    | Reloaded
+    | DeleteFiles
+    | Measure
+    | CancelMeasure
 )

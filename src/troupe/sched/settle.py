@@ -7,7 +7,7 @@ the moment something changes instead of every 200 ms.
 from __future__ import annotations
 
 from troupe.sched.base import FAKE_TIMING_DELAY, DirectLoad, Waiter
-from troupe.sched.effects import DeleteFiles, Failure, Reloaded
+from troupe.sched.effects import DeleteFiles, Failure, Prefetch, Reloaded
 from troupe.sched.lru import evictions_needed, pick_victim
 from troupe.sched.status import Status
 from troupe.sched.table import ModelConfig, ModelState
@@ -269,6 +269,7 @@ class Settling(Views):
             if not e.loading
             and not (self._models[e.model].is_running and not self._models[e.model].stopping)
         ]
+        self._prefetch(needy)
         starving = False
         for model in needy[len(needy) - need :] if need > 0 else []:
             victim = pick_victim(self._models, self._queue, now=self._demand_now)
@@ -286,6 +287,14 @@ class Settling(Views):
                 self._starved_since = self._now
         else:
             self._starved_since = None
+
+    def _prefetch(self, needy: list[str]) -> None:
+        """Each model that waits for a slot has its files read ahead, once per wait."""
+        self._prefetched &= set(needy)
+        for model in needy:
+            if model not in self._prefetched and not self._closing:
+                self._prefetched.add(model)
+                self._out.append(Prefetch(model))
 
     @property
     def _demand_now(self) -> float | None:

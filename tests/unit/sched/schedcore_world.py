@@ -23,6 +23,7 @@ from troupe.sched import (
     Grant,
     ModelConfig,
     ModelView,
+    Prefetch,
     Reply,
     SampleMemory,
     SchedulerCore,
@@ -180,6 +181,11 @@ class World:
                 self.on_emit(e)
             elif isinstance(e, Reloaded):
                 self.on_reloaded(e)
+            elif isinstance(e, Prefetch):
+                # Read ahead only for a model a request waits for, with no child to serve it.
+                child = self.children.get(e.model)
+                assert self.wanted(e.model, ("acquire",)), f"{e} but nobody waits for it"
+                assert child is None or child.stop is not None, f"{e} while {child} serves it"
             else:
                 raise AssertionError(f"unknown effect {e!r}")
         if stop_all_answered:

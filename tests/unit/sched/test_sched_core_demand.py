@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from schedcore_kit import Bench, spawns, stops
 
-from troupe.sched import Stop
+from troupe.sched import Effect, Prefetch, Stop
 
 
 def popular_and_rare(b: Bench) -> None:
@@ -87,3 +87,27 @@ def test_a_hold_for_a_model_that_is_still_loading_ends_with_the_drain_timer() ->
     assert deadline is not None
     (stop,) = stops(b.on_time(deadline))
     assert stop == Stop("a", b.gen["a"], kill=False, reason="lru for b")
+
+
+def prefetches(b: Bench, effects: list[Effect]) -> list[str]:
+    return [e.model for e in [*effects, *b.extra] if isinstance(e, Prefetch)]
+
+
+def test_a_model_waiting_for_a_slot_has_its_files_read_ahead_once_per_wait() -> None:
+    b = Bench(models_max=1)
+    b.bring_up("a")
+    busy = b.lease("a")
+    assert prefetches(b, b.acquire(b.rid(), "b")) == ["b"]  # waits for a: read b meanwhile
+    assert prefetches(b, b.acquire(b.rid(), "b")) == []  # the same wait: once
+    (stop,) = stops(b.release(busy))
+    b.finish_stop(stop)
+    b.spawned("b")
+    b.ready("b")
+    assert prefetches(b, b.acquire(b.rid(), "a")) == ["a"]  # a later wait: again
+
+
+def test_a_model_with_a_free_slot_is_not_read_ahead_its_child_reads_it() -> None:
+    b = Bench(models_max=2)
+    out = b.acquire(b.rid(), "a")
+    assert [s.model for s in spawns(out)] == ["a"]
+    assert prefetches(b, out) == []
