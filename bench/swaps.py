@@ -7,6 +7,10 @@ through both routers, each a separate process:
   every request unloads one and loads the other; its latency is the swap. Beside it,
   what a swap cannot avoid: a child's cold start to its first answer (started
   directly) and a child's own exit after the exit command (no connection open).
+* **cold swap behind a busy model** at ``--models-max 1``: a bigger model whose file is
+  not in the page cache is asked for while the loaded one serves a burst; from the
+  burst's last answer to the big model's answer (its load and one request). troupe reads
+  the waiting model's file ahead meanwhile; the C++ router reads it when the child loads.
 * **mixed trace** at ``--models-max 2``: three models of skewed popularity (a rare one
   among two popular ones), concurrent clients sending the same seeded sequence; total
   time, p50/p99 latency and the number of loads (``model_status`` events on
@@ -40,8 +44,11 @@ from _util import http_json, percentile, start_process
 from troupe.engine import find_engine
 from troupe.testing import TinyModel, write_tiny_models
 from troupe.testing.engine_process import free_port
+from troupe.testing.pagecache import drop_pages, resident_fraction
 
 MODELS = [TinyModel(name=n, seed=i, n_ctx=256) for i, n in enumerate(("m-a", "m-b", "m-c"))]
+BIG = TinyModel(name="m-big", seed=9, n_layer=16, n_embd=512, n_ctx=256)  # about 126 MB
+BURST = 8  # requests of 200 tokens that keep m-a busy while m-big waits
 CHILD_ARGS = ["--ctx-size", "256", "--threads", "1", "--parallel", "2"]
 WEIGHTS = (0.55, 0.40, 0.05)  # m-c is the rare model
 EXIT_COMMAND = b"cmd_router_to_child:exit\n"
@@ -138,6 +145,30 @@ def single_swaps(url: str, swaps: int) -> list[float]:
     return times
 
 
+def cold_swaps(url: str, big: Path, runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        assert ask(url, MODELS[0].name)[0] == 200  # m-a up, m-big out
+        drop_pages(big)
+        done: list[float] = []
+
+        def burst(done: list[float] = done) -> None:
+            ask(url, MODELS[0].name, 200)
+            done.append(time.perf_counter())
+
+        threads = [threading.Thread(target=burst) for _ in range(BURST)]
+        for t in threads:
+            t.start()
+        time.sleep(0.02)  # the burst is in flight (a bench, not a test: no event to wait on)
+        status, _ = ask(url, BIG.name)
+        end = time.perf_counter()
+        for t in threads:
+            t.join()
+        assert status == 200, status
+        out.append(end - max(done))
+    return out
+
+
 def trace_sequence(requests: int) -> list[str]:
     rng = random.Random(42)
     return rng.choices([m.name for m in MODELS], weights=WEIGHTS, k=requests)
@@ -227,23 +258,31 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--clients", type=int, default=30)
     parser.add_argument("--tokens", type=int, default=32, help="generated per trace request")
+    parser.add_argument("--cold", type=int, default=5, help="cold swaps behind a busy model")
     args = parser.parse_args()
     if args.quick:
-        args.swaps, args.requests, args.clients, args.tokens = 6, 60, 10, 8
+        args.swaps, args.requests, args.clients, args.tokens, args.cold = 6, 60, 10, 8, 2
     engine, _ = find_engine()
     with tempfile.TemporaryDirectory(prefix="troupe-bench-swaps-") as tmp_name:
         tmp = Path(tmp_name)
         paths = write_tiny_models(tmp / "models", MODELS)
+        (big,) = write_tiny_models(tmp / "models", [BIG])
+        drop_pages(big)
+        can_drop = resident_fraction(big) < 0.1  # not on tmpfs
         sequence = trace_sequence(args.requests)
         swaps: dict[str, list[float]] = {}
+        cold: dict[str, list[float]] = {}
         traces: dict[str, TraceResult] = {}
         for kind in ("troupe", "C++ router"):
             with router(kind, engine, tmp, 1) as url:
                 swaps[kind] = single_swaps(url, args.swaps)
+                if can_drop:
+                    cold[kind] = cold_swaps(url, big, args.cold)
             with router(kind, engine, tmp, 2) as url:
                 traces[kind] = mixed_trace(url, sequence, args.clients, args.tokens)
-        cold, exits = child_runs(engine, paths[0], max(5, args.swaps))
-    report(args, swaps, traces, cold, exits)
+        starts, exits = child_runs(engine, paths[0], max(5, args.swaps))
+    report(args, swaps, traces, starts, exits)
+    report_cold(args, cold)
     return 0
 
 
@@ -285,6 +324,19 @@ def report(
     print(f"  {'failed requests':22}{traces[t].failures:>12}{traces[c].failures:>12}")
     medians = {k: round(statistics.median(v) * 1000, 2) for k, v in swaps.items()}
     print(json.dumps({"swap_median_ms": medians}))
+
+
+def report_cold(args: argparse.Namespace, cold: dict[str, list[float]]) -> None:
+    print()
+    if not cold:
+        print("cold swap: skipped (this filesystem keeps the model's pages in memory)")
+        return
+    t, c = "troupe", "C++ router"
+    head = f"cold swap behind a busy model, --models-max 1, {args.cold} runs ({BIG.name}, "
+    print(head + "about 126 MB, out of the page cache; from the burst's last answer to its own):")
+    print(f"  {'':22}{'troupe':>12}{'C++ router':>12}{'ratio':>9}")
+    a, b = statistics.median(cold[t]), statistics.median(cold[c])
+    print(f"  {'median':22}{ms(a):>12}{ms(b):>12}{ratio(a, b):>9}")
 
 
 if __name__ == "__main__":
