@@ -32,7 +32,6 @@ class Settling(Views):
                 self._models.pop(model, None)
                 self._forget_measurement(model)
                 self._out.append(DeleteFiles(rid, model))
-        self._call_off_drains()
         busy_stopping = any(s.stopping for s in self._models.values())
         if not self._closing and not self._reloading and not busy_stopping:
             for m in list(self._models.values()):
@@ -42,6 +41,9 @@ class Settling(Views):
         # Until nothing changes: a waiter looked at before the entry ahead of it emptied
         # must be looked at again now, not at some later, unrelated event.
         while True:
+            # Before each pass: a drain whose model left the queue in the pass before
+            # ends now, and the drained model's waiters are served in this very settle.
+            self._call_off_drains()
             before = (
                 [(e.model, e.loading, e.waiters) for e in self._queue.entries],
                 len(self._waiters),

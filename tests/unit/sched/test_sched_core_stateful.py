@@ -146,7 +146,8 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         elif drained and autoload and not (self.queue_max > 0 and waiting_before >= self.queue_max):
             assert r == [], r  # it queues for the next instance, behind the starving model
         elif (
-            child is not None
+            not drained
+            and child is not None
             and child.started
             and child.stop is None
             and child.status
