@@ -148,12 +148,20 @@ class Tracker:
         with self._lock:
             roots = list(self.roots)
         for root in roots:
+            root_cmd = cmdline(root)
             for pid in descendants(root):
                 with self._lock:
                     known = self.seen.get(pid)
                     if known is not None:
                         known.last = now
-                        continue
+                        if known.cmd and known.cmd != root_cmd:
+                            continue
+                # Seen between fork and exec, it still had the router's command line:
+                # read it again until it is the child's own.
+                if known is not None:
+                    with self._lock:
+                        known.cmd = cmdline(pid)
+                    continue
                 created = create_time(pid)
                 with self._lock:
                     self.seen[pid] = Seen(pid, created, cmdline(pid), now, now, root)
