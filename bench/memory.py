@@ -24,20 +24,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-import psutil
 import trio
 
 from troupe.actors.measure import MeasureJob
 from troupe.catalog import build_catalog
 from troupe.catalog.facts import FactsCache
 from troupe.catalog.memory import model_need
-from troupe.child.breakdown import last_breakdown
 from troupe.engine import find_engine
 from troupe.messages import Measured, Message
 from troupe.settings.argv import parse_engine_args
 from troupe.settings.options import OptionTable, load_option_table
 from troupe.settings.router import build_settings, with_router_options
-from troupe.testing import TinyModel, open_engine, write_tiny_gguf
+from troupe.testing import TinyModel, write_tiny_gguf
+from troupe.testing.checks import loaded_breakdown
 
 SHAPES = (
     TinyModel(name="tiny-4x128", n_ctx=4096),
@@ -70,12 +69,8 @@ async def projection(argv: list[str]) -> int | None:
 
 async def after_load(argv: list[str]) -> tuple[int, int]:
     """The child's own breakdown (host) and its RSS, once loaded."""
-    async with open_engine([*argv, "-lv", "4"], child=True) as engine:
-        await engine.wait_state("ready")
-        rss = psutil.Process(engine.process.pid).memory_info().rss
-        await engine.send_exit()
-        await engine.wait()
-    return last_breakdown(engine.stderr_lines).get("host", 0), rss
+    breakdown, rss = await loaded_breakdown(argv)
+    return breakdown.get("host", 0), rss
 
 
 def cell(value: int | None, truth: int) -> str:

@@ -9,9 +9,9 @@ import pytest
 import trio
 
 from troupe.actors.measure import MeasureJob
-from troupe.child.breakdown import last_breakdown
 from troupe.messages import Measured, MeasureFailed, Message
-from troupe.testing import TinyModel, open_engine, write_tiny_gguf
+from troupe.testing import TinyModel, write_tiny_gguf
+from troupe.testing.checks import loaded_breakdown
 from troupe.testing.router import open_router, write_preset
 
 pytestmark = pytest.mark.engine
@@ -25,15 +25,6 @@ async def measure(argv: list[str]) -> Message:
     return await recv.receive()
 
 
-async def loaded_breakdown(argv: list[str]) -> dict[str, int]:
-    """What the child itself says it holds, once loaded (its breakdown at exit)."""
-    async with open_engine([*argv, "-lv", "4"], child=True) as engine:
-        await engine.wait_state("ready")
-        await engine.send_exit()
-        await engine.wait()
-    return last_breakdown(engine.stderr_lines)
-
-
 @pytest.mark.parametrize("ctx", ["512", "2048"])
 async def test_the_projection_matches_the_childs_own_breakdown_after_load(
     engine_path: Path, tmp_path: Path, ctx: str
@@ -42,7 +33,7 @@ async def test_the_projection_matches_the_childs_own_breakdown_after_load(
     argv = [str(engine_path), "-m", str(model), "--port", "0", "-c", ctx, "-np", "2"]
     result = await measure(argv)
     assert isinstance(result, Measured), result
-    after = await loaded_breakdown(argv)
+    after, _ = await loaded_breakdown(argv)
     projected, real = result.need["host"], after["host"]
     assert abs(projected - real) <= 0.1 * real, (projected, real)
 

@@ -11,8 +11,10 @@ import json
 from collections.abc import Sequence
 
 import httpx
+import psutil
 import trio
 
+from troupe.child.breakdown import last_breakdown
 from troupe.testing.engine_process import EngineProcess, open_engine
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "check_child_ready",
     "check_child_stdin_eof",
     "check_http_surface",
+    "loaded_breakdown",
     "read_sse",
     "wait_serving",
 ]
@@ -49,6 +52,19 @@ async def wait_serving(engine: EngineProcess) -> None:
     async with httpx.AsyncClient(base_url=await engine.url(), timeout=TIMEOUT) as client:
         r = await client.get("/slots")
         assert r.status_code == 200, r.text
+
+
+async def loaded_breakdown(argv: Sequence[str]) -> tuple[dict[str, int], int]:
+    """What the child itself says it holds once loaded (the breakdown it prints at exit,
+    with ``-lv 4``), and its RSS once up."""
+    async with open_engine([*argv, "-lv", "4"], child=True) as engine:
+        with trio.fail_after(TIMEOUT):
+            await engine.wait_state("ready")
+            await wait_serving(engine)  # else the exit command can be lost
+            rss = psutil.Process(engine.process.pid).memory_info().rss
+            await engine.send_exit()
+            await engine.wait()
+    return last_breakdown(engine.stderr_lines), rss
 
 
 def _check_ready_payload(payload: object, name: str) -> None:
