@@ -206,12 +206,6 @@ class Scheduler(DownloadRunner):
         return rid, result
 
     async def release(self, rid: int) -> None:
-        if self._nursery is not None and self._core.releases_at_once(rid):
-            # The hot path: the model stays busy, so only its count changes (see
-            # `releases_at_once`), right here and with no await in between, like acquire's.
-            self._publish()
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return
         # Shielded: a cancelled request must still give back what it holds. Through the
         # inbox: a release can make a model idle, which the loop's TTL wait must see.
         with trio.CancelScope(shield=True):

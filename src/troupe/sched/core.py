@@ -88,20 +88,6 @@ class SchedulerCore(MemoryEvents):
             return not m.stopping and m.draining_for is None and m.status.is_ready_or_sleeping
         return m.status.is_running and not m.spawn_pending
 
-    def releases_at_once(self, rid: int) -> bool:
-        """Give back a lease whose model stays busy after it, if that is all there is to
-        do (no waiter or load under this rid): nothing anyone waits on changes then (no TTL
-        starts, no model becomes evictable, no drain can stop). True if done."""
-        lease = self._leases.get(rid)
-        if lease is None or rid in self._waiters or rid in self._direct:
-            return False
-        m = self._models.get(lease.model)
-        if m is None or m.gen != lease.gen or m.in_flight < 2:
-            return False
-        del self._leases[rid]
-        m.in_flight -= 1
-        return True
-
     def release(self, rid: int, now: float) -> list[Effect]:
         """A request is done with its lease, or gave up waiting (disconnect, timeout)."""
         lease = self._leases.pop(rid, None)
