@@ -119,9 +119,8 @@ class Instance:
                 # After the news and off the event loop: a swap's next child waits on the
                 # news, and an entry left for a dead pid is harmless (create times differ).
                 if self.pid is not None and self._ledger is not None:
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    self._ledger.remove(self.pid)
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(self._ledger.remove, self.pid)
 
     async def _run(self, delay: float) -> tuple[int, str | None]:
         if delay > 0:

@@ -4,9 +4,8 @@ A model that waits for its slot (a victim draining its requests, or exiting) has
 nothing to do meanwhile; the kernel can read its weights then, so the child's load
 (llama.cpp maps the file) finds them in memory instead of on the disk. It is a hint
 (``posix_fadvise(WILLNEED)``, asynchronous read-ahead, one call per chunk the device
-reads at once): any error is ignored, and files
-that would take more than half of the memory available are left alone, since reading
-them would only push other pages out.
+reads at once): any error is ignored, and files that would take more than half of the
+memory available are left alone, since reading them would only push other pages out.
 """
 
 from __future__ import annotations
