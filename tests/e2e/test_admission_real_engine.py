@@ -246,3 +246,42 @@ async def test_ttl_unloads_an_idle_model_but_never_during_a_request(
         snap = await router.wait_for_status("tiny-a", Status.UNLOADED, within=10)
         assert snap.models["tiny-a"].last_eviction == "ttl"
         assert snap.models["tiny-a"].exit_code == 0
+
+
+@pytest.mark.parametrize("fair", [True, False], ids=["fair", "upstream"])
+async def test_a_swap_starts_the_next_child_while_the_victim_exits_when_memory_allows(
+    engine_path: Path, tiny_model_dir: Path, tmp_path: Path, fair: bool
+) -> None:
+    # Fair admission with memory admission: the next model starts on a reading that still
+    # counts the victim, without waiting for its exit; upstream (--drain-after off) waits.
+    drain_after = "1" if fair else "off"
+    async with (
+        router_for(
+            engine_path,
+            tiny_model_dir,
+            tmp_path,
+            "--models-max",
+            "1",
+            "--drain-after",
+            drain_after,
+            fake_timing=False,
+        ) as router,
+        router.client() as http,
+    ):
+        sched = router.ctx.scheduler
+        results: list[tuple[str, int]] = []
+        for model in ("tiny-b", "tiny-a"):  # each measured by the engine, then loaded
+            await complete(http, model, results)
+        assert all(sched.snapshot.models[m].memory_source == "engine" for m in ("tiny-a", "tiny-b"))
+        with sched.subscribe() as events:
+            await complete(http, "tiny-b", results)
+            await router.wait_for_status("tiny-a", Status.UNLOADED)
+            seen = [
+                (e["model"], e["event"], (e.get("data") or {}).get("status")) for e in drain(events)
+            ]
+        assert results == [("tiny-b", 200), ("tiny-a", 200), ("tiny-b", 200)]
+        b_loading = seen.index(("tiny-b", "model_status", "loading"))
+        a_gone = seen.index(("tiny-a", "status_change", "unloaded"))
+        assert (b_loading < a_gone) is fair, seen
+        resp = await http.post("/completion", json={"model": "tiny-b", "prompt": "hi"})
+        assert resp.status_code == 200

@@ -149,8 +149,11 @@ class EffectRunner:
                 case Reply():
                     work += self._reply(effect, now)
                 case SampleMemory():
-                    assert self._nursery is not None
-                    self._nursery.start_soon(self._sample_memory, effect)
+                    if self._sampler is not None and self._sampler.quick:
+                        work += self._sample_in_place(effect, now)
+                    else:
+                        assert self._nursery is not None
+                        self._nursery.start_soon(self._sample_memory, effect)
                 case Prefetch():
                     self._start_prefetch(effect.model)
                 case Emit():
@@ -330,6 +333,17 @@ class EffectRunner:
             log.debug("reading ahead %d MiB of %s while it waits", asked >> 20, model)
 
     # ----- memory ----------------------------------------------------------------------
+
+    def _sample_in_place(self, effect: SampleMemory, now: float) -> list[Effect]:
+        """A quick reading (host only) is taken here: the next model of a swap is admitted
+        on it, and a worker thread's round trip would be most of its wait."""
+        assert self._sampler is not None
+        try:
+            sample = self._sampler.sample(effect.pids)
+        except Exception:  # a broken reading must not take the scheduler down
+            log.exception("memory sampling failed")
+            return self._core.memory_sample_failed(effect.version, now)
+        return self._core.memory_sampled(sample, effect.version, now)
 
     async def _sample_memory(self, effect: SampleMemory) -> None:
         if self._sampler is None:

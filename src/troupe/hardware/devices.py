@@ -91,6 +91,11 @@ class DeviceReader:
         )
         return DeviceList(host=host, gpu_report=self._session.read())
 
+    @property
+    def host_only(self) -> bool:
+        """No NVML session: a reading is two ``/proc`` files, never a driver call."""
+        return not self._session.active
+
     async def aread(self) -> DeviceList:
         return await trio.to_thread.run_sync(self.read)
 

@@ -164,12 +164,7 @@ class Settling(Views):
         if self._held_back(m, now):
             self._finish(rid, w, Failure.unavailable(self._held_message(m, now)))
             return
-        if (
-            not self._reloading
-            and self._queue.can_claim(name)
-            and self._has_capacity()
-            and self._memory_admits(m)
-        ):
+        if not self._reloading and self._queue.can_claim(name) and self._admits(m):
             self._queue.claim(name)
             w.did_load = True
             # Upstream's load() sleeps here under LLAMA_SERVER_DEBUG_FAKE_TIMING; the direct
@@ -207,6 +202,36 @@ class Settling(Views):
             self._reply(rid, None)
         else:
             self._direct[rid] = DirectLoad(d.model, d.victim, d.victim_gen)  # freeing memory
+
+    def _admits(self, m: ModelState) -> bool:
+        """A queued model may load: a free slot and room in memory, or (see
+        `_starts_beside_leaving`) a slot whose model is already on its way out."""
+        if self._has_capacity():
+            return self._memory_admits(m)
+        return self._starts_beside_leaving(m)
+
+    def _starts_beside_leaving(self, m: ModelState) -> bool:
+        """With fair admission and memory admission on, a model takes the slot of an idle
+        one that has been told to exit without waiting for it to be gone, when a reading
+        taken since shows room for both (the leaving child still counted): a swap costs
+        the next cold start, not that plus the victim's exit. Upstream (and
+        ``--drain-after off``) counts a stopping model as running until it exits."""
+        ledger = self.memory
+        if self.drain_after is None or ledger is None or ledger.need(m.config.name) is None:
+            return False
+        leaving = sum(
+            1 for o in self._models.values() if o.is_running and o.stopping and not o.in_flight
+        )
+        if self.running_count() - leaving >= self.models_max:
+            return False
+        if self._measure is not None and self._measure.pending(m.config.name):
+            self._measure.bump(m.config.name)  # its projection first, as `_memory_admits`
+            return False
+        if not (self._sample_fresh() or self._sample_conservative()):
+            self._request_sample()  # normally asked for already, when the victim was told
+            return False
+        assert self._sample is not None
+        return not ledger.deficit(m.config.name, self._sample, self._memory_holders())
 
     def _needs_victim(self) -> bool:
         return not self._has_capacity()

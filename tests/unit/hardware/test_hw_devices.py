@@ -19,6 +19,7 @@ from hw_fakes import (
     FakeNvml,
 )
 
+from troupe.actors.memory import MemorySampler
 from troupe.hardware import (
     DeviceList,
     DeviceReader,
@@ -224,6 +225,19 @@ async def test_async_reads_run_in_a_thread() -> None:
         assert len((await reader.aread()).gpus) == 1
     finally:
         reader.close()
+
+
+def test_only_a_reader_without_nvml_is_quick_enough_to_read_in_place() -> None:
+    # The scheduler reads a host-only sampler on its own task (two /proc files); an NVML
+    # session's calls go to a worker thread.
+    with DeviceReader(None) as host, DeviceReader(FakeNvml([FakeGpu()])) as gpus:
+        assert host.host_only
+        assert MemorySampler(host).quick
+        assert not gpus.host_only
+        assert not MemorySampler(gpus).quick
+        sample = MemorySampler(host).sample([os.getpid()])
+    assert [d.name for d in sample.devices] == ["host"]
+    assert sample.usage[os.getpid()]["host"] > 0
 
 
 # -- host ------------------------------------------------------------------------------

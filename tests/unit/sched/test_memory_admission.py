@@ -16,11 +16,16 @@ MiB = 1 << 20
 TOTAL = 1000 * MiB
 
 
-def core(needs: dict[str, int | None], margin: int = 0, models_max: int = 0) -> SchedulerCore:
+def core(
+    needs: dict[str, int | None],
+    margin: int = 0,
+    models_max: int = 0,
+    drain_after: float | None = None,
+) -> SchedulerCore:
     configs = [
         ModelConfig(n, need={"host": v} if v is not None else None) for n, v in needs.items()
     ]
-    return SchedulerCore(configs, models_max, memory=MemoryLedger(margin))
+    return SchedulerCore(configs, models_max, memory=MemoryLedger(margin), drain_after=drain_after)
 
 
 class Driver:
@@ -155,6 +160,61 @@ def test_a_swap_admits_its_next_model_on_the_reading_from_before_the_victim_exit
     samples = [e for e in effects if isinstance(e, SampleMemory)]
     assert [e.model for e in effects if isinstance(e, Spawn)] == ["b"]
     assert samples == []
+
+
+def swap_to_b(needs: dict[str, int | None], drain_after: float | None) -> Driver:
+    """a up and idle at --models-max 1, then a request for b: a is told to stop."""
+    d = Driver(core(needs, margin=50 * MiB, models_max=1, drain_after=drain_after))
+    d.run(d.c.acquire(1, "a", d.now))
+    d.start("a")
+    d.run(d.c.release(1, d.now))
+    d.run(d.c.acquire(2, "b", d.now))
+    assert [(s.model, s.reason) for s in d.stops] == [("a", "lru for b")]
+    return d
+
+
+def test_with_fair_admission_a_swap_starts_the_next_model_while_the_victim_exits() -> None:
+    # Room for both on a reading taken after the victim was told (it still counted):
+    # the next cold start need not wait for the victim's exit on top.
+    d = swap_to_b({"a": 300 * MiB, "b": 300 * MiB}, drain_after=1.0)
+    assert [s.model for s in d.spawns] == ["a", "b"]
+    assert d.c.running_count() == 2  # a, stopping, still counts as running until gone
+    d.start("b")
+    assert isinstance(d.replies[2], Grant)
+    d.exit("a")
+    assert d.c.running_names() == ["b"]
+
+
+def test_the_next_model_waits_for_the_victims_exit_when_both_do_not_fit() -> None:
+    d = swap_to_b({"a": 600 * MiB, "b": 600 * MiB}, drain_after=1.0)
+    assert [s.model for s in d.spawns] == ["a"]  # b would need a's memory: wait
+    d.exit("a")
+    assert [s.model for s in d.spawns] == ["a", "b"]
+
+
+def test_without_fair_admission_or_a_known_need_a_swap_waits_for_the_exit() -> None:
+    # --drain-after off is upstream: a stopping model holds its slot until it is gone.
+    upstream = swap_to_b({"a": 300 * MiB, "b": 300 * MiB}, drain_after=None)
+    unknown = swap_to_b({"a": 300 * MiB, "b": None}, drain_after=1.0)
+    for d in (upstream, unknown):
+        assert [s.model for s in d.spawns] == ["a"]
+        d.exit("a")
+        assert [s.model for s in d.spawns] == ["a", "b"]
+
+
+def test_a_swap_beside_a_leaving_model_waits_for_a_reading_taken_since_a_spawn() -> None:
+    c = core({"a": 300 * MiB, "b": 300 * MiB}, margin=50 * MiB, models_max=1, drain_after=1.0)
+    d = Driver(c)
+    d.run(c.acquire(1, "a", d.now))
+    d.start("a")
+    d.run(c.release(1, d.now))
+    effects = c.acquire(2, "b", d.now)  # a's start since the last reading: read again
+    samples = [e for e in effects if isinstance(e, SampleMemory)]
+    assert [e.model for e in effects if isinstance(e, Stop)] == ["a"]
+    assert len(samples) == 1
+    assert not any(isinstance(e, Spawn) for e in effects)
+    spawned = c.memory_sampled(d.sample(), samples[0].version, d.now)
+    assert [e.model for e in spawned if isinstance(e, Spawn)] == ["b"]
 
 
 def test_after_a_spawn_an_old_reading_is_not_trusted() -> None:
