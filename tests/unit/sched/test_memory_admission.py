@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from troupe.sched import Effect, Emit, Grant, Reply, SampleMemory, SchedulerCore, Spawn, Stop
 from troupe.sched.memory import DeviceMemory, MemoryLedger, MemorySample
@@ -32,8 +32,9 @@ class Driver:
     """Carries out effects like the actor, with a machine of TOTAL bytes where each child
     really uses what it was estimated to."""
 
-    def __init__(self, c: SchedulerCore, other_use: int = 0) -> None:
+    def __init__(self, c: SchedulerCore, other_use: int = 0, total: int = TOTAL) -> None:
         self.c = c
+        self.total = total
         self.now = 0.0
         self.pids: dict[str, int] = {}
         self.next_pid = 100
@@ -65,8 +66,8 @@ class Driver:
             pid: {"host": (self.c.memory.need(name) or {"host": 80 * MiB})["host"]}
             for name, pid in self.pids.items()
         }
-        free = TOTAL - self.other_use - sum(u["host"] for u in used.values())
-        return MemorySample((DeviceMemory("host", TOTAL, free),), used, used)
+        free = self.total - self.other_use - sum(u["host"] for u in used.values())
+        return MemorySample((DeviceMemory("host", self.total, free),), used, used)
 
     def start(self, model: str) -> None:
         spawn = next(s for s in reversed(self.spawns) if s.model == model)
@@ -257,6 +258,14 @@ class LedgerMachine(RuleBasedStateMachine):
         self.d = Driver(core(self.needs, margin=50 * MiB, models_max=3), other_use=100 * MiB)
         self.rid = 0
 
+    @initialize(models_max=st.integers(1, 3), fair=st.booleans())
+    def setup(self, models_max: int, fair: bool) -> None:
+        # 700 MiB: two of the big models fit beside the others' 100 MiB, three do not.
+        c = core(
+            self.needs, margin=50 * MiB, models_max=models_max, drain_after=1.0 if fair else None
+        )
+        self.d = Driver(c, other_use=100 * MiB, total=700 * MiB)
+
     @rule(model=st.sampled_from("abcd"))
     def request(self, model: str) -> None:
         self.rid += 1
@@ -298,6 +307,20 @@ class LedgerMachine(RuleBasedStateMachine):
         for name, m in c._models.items():
             if not m.status.is_running:
                 assert name not in holders  # a crash or an exit releases everything
+
+    @invariant()
+    def a_stopping_model_lends_its_slot_only_with_room_for_both(self) -> None:
+        # Fair admission starts a model beside an idle one told to exit (see settle's
+        # _starts_beside_leaving); then what every holder needs must fit with the margin.
+        c = self.d.c
+        assert c.memory is not None
+        staying = [m for m in c._models.values() if m.is_running and not m.stopping]
+        assert len(staying) <= c.models_max
+        if c.running_count() <= c.models_max:
+            return
+        assert c.drain_after is not None  # upstream: a stopping model holds its slot
+        needed = sum((c.memory.need(n) or {}).get("host", 0) for n in c._memory_holders())
+        assert needed + 50 * MiB + self.d.other_use <= self.d.total, c._memory_holders()
 
 
 TestLedgerMachine = LedgerMachine.TestCase
