@@ -16,9 +16,13 @@ through both routers, each a separate process:
   time, p50/p99 latency and the number of loads (``model_status`` events on
   ``/models/sse``).
 
-It prints the figures side by side and the ratios troupe / C++ router.
+It prints the figures side by side and the ratios troupe / C++ router. The two routers
+take turns, ``--rounds`` times (each round starts each router afresh): this machine's
+speed drifts by a millisecond or two over a run, more than a swap's difference, and in
+turns the drift falls on both alike. The trace's figures are the medians over the rounds
+(each round's are printed too).
 
-    .venv/bin/python bench/swaps.py [--quick] [--swaps N] [--requests N] [--clients N]
+    .venv/bin/python bench/swaps.py [--quick] [--rounds N] [--swaps N] [--requests N]
 """
 
 from __future__ import annotations
@@ -247,6 +251,12 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:8.1f} ms"
 
 
+def trace_figures(result: TraceResult) -> tuple[float, float, float]:
+    """Total, p50 and p99 of one trace, in seconds."""
+    lat = sorted(result.latencies)
+    return result.seconds, percentile(lat, 50), percentile(lat, 99)
+
+
 def ratio(a: float, b: float) -> str:
     return f"{a / b:6.2f}x" if b else "   n/a"
 
@@ -254,7 +264,8 @@ def ratio(a: float, b: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer swaps and requests")
-    parser.add_argument("--swaps", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3, help="turns each router takes")
+    parser.add_argument("--swaps", type=int, default=16, help="per round")
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--clients", type=int, default=30)
     parser.add_argument("--tokens", type=int, default=32, help="generated per trace request")
@@ -262,6 +273,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.swaps, args.requests, args.clients, args.tokens, args.cold = 6, 60, 10, 8, 2
+        args.rounds = 1
     engine, _ = find_engine()
     with tempfile.TemporaryDirectory(prefix="troupe-bench-swaps-") as tmp_name:
         tmp = Path(tmp_name)
@@ -272,15 +284,21 @@ def main() -> int:
         sequence = trace_sequence(args.requests)
         swaps: dict[str, list[float]] = {}
         cold: dict[str, list[float]] = {}
-        traces: dict[str, TraceResult] = {}
-        for kind in ("troupe", "C++ router"):
-            with router(kind, engine, tmp, 1) as url:
-                swaps[kind] = single_swaps(url, args.swaps)
-                if can_drop:
-                    cold[kind] = cold_swaps(url, big, args.cold)
-            with router(kind, engine, tmp, 2) as url:
-                traces[kind] = mixed_trace(url, sequence, args.clients, args.tokens)
-        starts, exits = child_runs(engine, paths[0], max(5, args.swaps))
+        traces: dict[str, list[TraceResult]] = {}
+        starts: list[float] = []
+        exits: list[float] = []
+        for turn in range(args.rounds):
+            for kind in ("troupe", "C++ router"):
+                with router(kind, engine, tmp, 1) as url:
+                    swaps.setdefault(kind, []).extend(single_swaps(url, args.swaps))
+                    if can_drop and turn == 0:
+                        cold[kind] = cold_swaps(url, big, args.cold)
+                with router(kind, engine, tmp, 2) as url:
+                    trace = mixed_trace(url, sequence, args.clients, args.tokens)
+                    traces.setdefault(kind, []).append(trace)
+            more_starts, more_exits = child_runs(engine, paths[0], max(5, args.swaps // 2))
+            starts += more_starts
+            exits += more_exits
     report(args, swaps, traces, starts, exits)
     report_cold(args, cold)
     return 0
@@ -289,12 +307,15 @@ def main() -> int:
 def report(
     args: argparse.Namespace,
     swaps: dict[str, list[float]],
-    traces: dict[str, TraceResult],
+    traces: dict[str, list[TraceResult]],
     cold: list[float],
     exits: list[float],
 ) -> None:
     t, c = "troupe", "C++ router"
-    print(f"single swap, --models-max 1, {args.swaps} swaps (latency of the request):")
+    n = args.swaps * args.rounds
+    print(
+        f"single swap, --models-max 1, {n} swaps in {args.rounds} turns (latency of the request):"
+    )
     print(f"  {'':22}{'troupe':>12}{'C++ router':>12}{'ratio':>9}")
     # The C++ router's swaps come in two kinds (about 20 ms, or about 70 ms when its
     # victim takes 50 ms to exit), so its median flips with the mix; the mean does not.
@@ -310,18 +331,24 @@ def report(
     print()
     weights = "/".join(f"{w:g}" for w in WEIGHTS)
     print(f"mixed trace, --models-max 2, {args.requests} requests of {args.tokens} tokens over "
-          f"3 models (weights {weights}), {args.clients} clients:")  # fmt: skip
+          f"3 models (weights {weights}), {args.clients} clients, "
+          f"median of {args.rounds} turns:")  # fmt: skip
     print(f"  {'':22}{'troupe':>12}{'C++ router':>12}{'ratio':>9}")
-    lat = {k: sorted(v.latencies) for k, v in traces.items()}
-    rows = [
-        ("total", traces[t].seconds, traces[c].seconds),
-        ("p50", percentile(lat[t], 50), percentile(lat[c], 50)),
-        ("p99", percentile(lat[t], 99), percentile(lat[c], 99)),
-    ]
-    for label, a, b in rows:
+    figures = {k: [trace_figures(r) for r in runs] for k, runs in traces.items()}
+    for i, label in enumerate(("total", "p50", "p99")):
+        a = statistics.median(f[i] for f in figures[t])
+        b = statistics.median(f[i] for f in figures[c])
         print(f"  {label:22}{ms(a):>12}{ms(b):>12}{ratio(a, b):>9}")
-    print(f"  {'loads':22}{traces[t].loads:>12}{traces[c].loads:>12}")
-    print(f"  {'failed requests':22}{traces[t].failures:>12}{traces[c].failures:>12}")
+    loads = {k: statistics.median(r.loads for r in runs) for k, runs in traces.items()}
+    failures = {k: sum(r.failures for r in runs) for k, runs in traces.items()}
+    print(f"  {'loads':22}{loads[t]:>12g}{loads[c]:>12g}")
+    print(f"  {'failed requests (all)':22}{failures[t]:>12}{failures[c]:>12}")
+    for kind in (t, c):
+        each = ", ".join(
+            f"{total * 1000:.0f}/{p99 * 1000:.0f}/{r.loads}"
+            for (total, _, p99), r in zip(figures[kind], traces[kind], strict=True)
+        )
+        print(f"  {kind} each turn (total ms/p99 ms/loads): {each}")
     medians = {k: round(statistics.median(v) * 1000, 2) for k, v in swaps.items()}
     print(json.dumps({"swap_median_ms": medians}))
 

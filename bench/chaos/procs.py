@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import trio
 
 TAG_VAR = "CHAOS_TAG"
 PROC = Path("/proc")
@@ -207,6 +208,22 @@ def catch_child(root: int, needle: str, sig: int, within: float) -> tuple[int, f
                 return pid, age_s(pid)
         time.sleep(0.0005)
     return None
+
+
+async def wait_gone(pid: int, within: float) -> bool:
+    """Did ``pid`` exit within ``within`` seconds? Waits on a pidfd (readable once the
+    process has exited), so any process can be waited for, not only a child of ours."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        with trio.move_on_after(within):
+            await trio.lowlevel.wait_readable(fd)
+            return True
+        return False
+    finally:
+        os.close(fd)
 
 
 def signal_quietly(pid: int, sig: int) -> None:

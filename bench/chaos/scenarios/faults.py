@@ -10,6 +10,7 @@ from functools import partial
 import trio
 
 from chaos.client import ERROR, OK, STREAM_ERROR
+from chaos.procs import wait_gone
 from chaos.scenario import Ctx, Scenario, preset_launch, seconds, until_ok
 
 BYSTANDER = "m1"
@@ -123,23 +124,27 @@ async def crash_mid_stream(ctx: Ctx) -> None:
     ctx.fig("reload", seconds(again.elapsed))
 
 
-async def _swap_away(ctx: Ctx, stubborn: str) -> None:
-    """Load ``stubborn``, then ask for another model at --models-max 1: the stop ladder
-    must get rid of it and the other model must be served."""
+async def _swap_away(ctx: Ctx, stubborn: str, ladder: float) -> None:
+    """Load ``stubborn``, then ask for another model at --models-max 1: the other model
+    must be served, and the stop ladder must get rid of ``stubborn`` within its bound
+    (``ladder``: stop-timeout + term-grace). The C++ router serves the other model once
+    the stubborn one is gone; troupe, where memory has room for both, at once beside it."""
     await until_ok(ctx, "stubborn", stubborn, 30)
     pid = ctx.live_child(stubborn)
     swap = await until_ok(ctx, "swap", BYSTANDER, 40)
     ctx.fig("swap", seconds(swap.elapsed))
-    if pid is not None and ctx.live_child(stubborn) == pid:
-        ctx.fail(f"{stubborn} (pid {pid}) still running after the swap")
+    if pid is None:
+        ctx.fail(f"no child of {stubborn} seen")
+    elif not await wait_gone(pid, ladder + 5.0):
+        ctx.fail(f"{stubborn} (pid {pid}) still running {ladder + 5.0:g} s after the swap")
 
 
 async def ignored_exit(ctx: Ctx) -> None:
-    await _swap_away(ctx, "deaf")
+    await _swap_away(ctx, "deaf", 2.0)
 
 
 async def ignored_sigterm(ctx: Ctx) -> None:
-    await _swap_away(ctx, "stubborn")
+    await _swap_away(ctx, "stubborn", 2.0)
     await until_ok(ctx, "again", "stubborn", 30)  # left loaded: the final unload must stop it
 
 
