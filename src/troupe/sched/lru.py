@@ -7,8 +7,9 @@ and "idle" is a moment between two requests: a popular model idle for a millisec
 was evicted for a rare one, and then the other popular one for it (a cascade of four
 loads where two do). With fair admission troupe evicts the model with the least
 *demand* (requests, each weighing less as it ages), and does not evict a model while
-one with far less demand, busy or still loading, can go once done: it waits for that one
-(a rare model serving the requests it was loaded for), the drain timer bounding the wait.
+one with clearly less demand (by a quarter), busy or still loading, can go once done: it
+waits for that one (a rare model serving the requests it was loaded for, the less popular
+of two busy models), the drain timer bounding the wait.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from troupe.sched.table import ModelState
 __all__ = ["demand", "evictions_needed", "pick_victim", "record_demand"]
 
 DEMAND_TAU = 60.0  # seconds: a request's weight in a model's demand decays by e each TAU
-HOLD_FOR = 2.0  # wait for a busy model this many times less in demand than the idle one
+# Wait for a busy model this many times less in demand than the idle one. At 2 a trace of
+# two popular models (0.55/0.40) and a rare one evicted the more popular whenever it was
+# the one idle: its many waiters then pulled it back at once (7-13 loads against 5-7 at
+# 1.25, bench/swaps.py); within a quarter, waiting buys nothing, the idle one goes.
+HOLD_FOR = 1.25
 
 
 def demand(m: ModelState, now: float) -> float:
