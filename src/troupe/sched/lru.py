@@ -7,9 +7,9 @@ and "idle" is a moment between two requests: a popular model idle for a millisec
 was evicted for a rare one, and then the other popular one for it (a cascade of four
 loads where two do). With fair admission troupe evicts the model with the least
 *demand* (requests, each weighing less as it ages), and does not evict a model while
-one with clearly less demand (by a quarter), busy or still loading, can go once done: it
-waits for that one (a rare model serving the requests it was loaded for, the less popular
-of two busy models), the drain timer bounding the wait.
+one with far less demand (under half), busy or still loading, can go once done: it waits
+for that one (a rare model serving the requests it was loaded for), the drain timer
+bounding the wait.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ from troupe.sched.table import ModelState
 __all__ = ["demand", "evictions_needed", "pick_victim", "record_demand"]
 
 DEMAND_TAU = 60.0  # seconds: a request's weight in a model's demand decays by e each TAU
-# Wait for a busy model this many times less in demand than the idle one. At 2 a trace of
-# two popular models (0.55/0.40) and a rare one evicted the more popular whenever it was
-# the one idle: its many waiters then pulled it back at once (7-13 loads against 5-7 at
-# 1.25, bench/swaps.py); within a quarter, waiting buys nothing, the idle one goes.
-HOLD_FOR = 1.25
+# Wait for a busy model this many times less in demand than the idle one. A trade of
+# loads against the waiting model's latency (bench/swaps.py, two popular models at
+# 0.55/0.40 and a rare one): at 1.25 the more popular one idle for a moment is kept for
+# the less popular, 3-7 loads against 7-13 at 2, but the rare model waits for the less
+# popular one to go idle, p99 250-750 ms against 200-340 (the C++ router: 7-10, 160-350).
+# Starving the rare model is what fair admission is for: 2.
+HOLD_FOR = 2.0
 
 
 def demand(m: ModelState, now: float) -> float:
