@@ -81,3 +81,25 @@ async def test_models_shows_the_engines_figure_and_its_source(
     for memory in listed.values():
         assert memory["need_bytes"]["host"] > 0
         assert memory["used_bytes"]["host"] > 0  # observed once up
+
+
+async def test_every_model_is_projected_at_startup_before_any_request(
+    engine_path: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # A model's first load then need not wait for its own projection.
+    async with (
+        open_router(
+            ["--models-dir", str(tiny_model_dir), "-c", "256"],
+            engine=engine_path,
+            state_dir=tmp_path / "state",
+            cwd=tmp_path,
+        ) as router,
+        router.client() as http,
+    ):
+        with trio.fail_after(60):
+            await router.ctx.scheduler.wait_until(
+                lambda s: all(v.memory_source == "engine" for v in s.models.values())
+            )
+        assert router.ctx.scheduler.snapshot.running == 0  # projected, none loaded
+        listed = (await http.get("/models")).json()["data"]
+    assert {m["troupe"]["memory"]["source"] for m in listed} == {"engine"}

@@ -260,6 +260,9 @@ class Scheduler(DownloadRunner):
             self._nursery = nursery
             self._downloads.nursery = nursery
             task_status.started()
+            now = trio.current_time()
+            self._apply(self._core.start(now), now)
+            self._publish()
             while True:
                 deadline = self._core.next_deadline()
                 message: Message | None = None

@@ -292,6 +292,12 @@ class SchedulerCore(MemoryEvents):
             deadlines.append(self._true_up_due)
         return min(deadlines, default=None)
 
+    def start(self, now: float) -> list[Effect]:
+        """The scheduler is up: what waits for no request starts now (the engine's memory
+        projections, so a model's first load need not wait for its own)."""
+        self._settle(now)
+        return self._flush()
+
     def on_time(self, now: float) -> list[Effect]:
         self._now = now
         for m in self._models.values():

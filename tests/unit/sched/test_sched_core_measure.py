@@ -71,3 +71,14 @@ def test_a_stale_result_is_ignored_and_a_changed_model_is_measured_again() -> No
     assert CancelMeasure("b") in out  # b left the catalogue while measured
     assert b.view("a").memory_source == "estimate"  # its old projection does not hold
     assert b.core._measure.pending("a")  # type: ignore[union-attr]
+
+
+def test_projections_start_when_the_scheduler_starts_not_at_the_first_request() -> None:
+    b = bench()
+    out = b.core.start(b.tick())
+    assert measures(out) == [Measure("a", "fp-a")]  # in name order, one at a time
+    out = b.core.measured("a", "fp-a", {"host": GIB}, None, b.tick())
+    assert measures(out) == [Measure("b", "fp-b")]
+    b.acquire(b.rid(), "c")  # c now waits on the job under way, then goes next
+    out = b.core.measured("b", "fp-b", {"host": GIB}, None, b.tick())
+    assert measures(out) == [Measure("c", "fp-c")]
