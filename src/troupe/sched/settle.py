@@ -213,8 +213,8 @@ class Settling(Views):
     def _starts_beside_leaving(self, m: ModelState) -> bool:
         """With fair admission and memory admission on, a model takes the slot of an idle
         one that has been told to exit without waiting for it to be gone, when a reading
-        taken since shows room for both (the leaving child still counted): a swap costs
-        the next cold start, not that plus the victim's exit. Upstream (and
+        with nothing started since shows room for both (the leaving child still counted):
+        a swap costs the next cold start, not that plus the victim's exit. Upstream (and
         ``--drain-after off``) counts a stopping model as running until it exits."""
         ledger = self.memory
         if self.drain_after is None or ledger is None or ledger.need(m.config.name) is None:
