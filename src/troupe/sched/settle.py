@@ -288,6 +288,11 @@ class Settling(Views):
     def _tick(self) -> None:
         """Evict idle models while queued requests outnumber free slots (upstream ``tick``);
         when none is idle, note since when the queue starves (see `_start_drain`)."""
+        # A drained model whose last request ended goes first: its own waiters then need
+        # a slot of their own, counted below in this same tick.
+        for m in self._models.values():
+            if m.draining_for is not None and m.in_flight == 0 and not m.stopping:
+                self._request_stop(m, f"drain for {m.draining_for}")
         need = evictions_needed(self._models, self._queue, self.models_max)
         # The free slots go to the first entries in line; the evictions are for the rest.
         needy = [
@@ -305,9 +310,6 @@ class Settling(Views):
                 break
             self._request_stop(self._models[victim], f"lru for {model}")
         draining = [m for m in self._models.values() if m.draining_for is not None]
-        for m in draining:
-            if m.in_flight == 0 and not m.stopping:
-                self._request_stop(m, f"drain for {m.draining_for}")
         quiet = not self._closing and not self._reloading and not self._drain_futile
         if starving and not draining and quiet:
             if self._starved_since is None:

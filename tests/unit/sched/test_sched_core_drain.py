@@ -79,3 +79,30 @@ def test_a_drain_that_finds_no_victim_sets_no_new_timer_until_something_changes(
     b.core.on_time(b.core.next_deadline() or 0.0)
     assert b.core.next_deadline() is None  # no wake-up every drain_after behind a pinned model
     assert lease
+
+
+def test_the_drained_models_own_waiters_get_an_idle_models_slot_in_the_same_step() -> None:
+    # a is drained for b while c was still loading; a's next request waits behind b. When
+    # a's last request ends, a goes for b, and c (idle by then) goes for a's waiter at once,
+    # not after a's exit (found by a long run of the state machine).
+    b = Bench(models_max=2, drain_after=3.0)
+    b.bring_up("a")
+    busy = b.lease("a")
+    wc = b.rid()
+    assert [s.model for s in spawns(b.acquire(wc, "c"))] == ["c"]  # c loads in slot two
+    wb = b.rid()
+    b.acquire(wb, "b")  # no slot: a busy, c still loading
+    deadline = b.core.next_deadline()
+    assert deadline is not None
+    b.on_time(deadline)
+    assert b.view("a").draining_for == "b"  # the only busy model that is up
+    wa = b.rid()
+    b.acquire(wa, "a")  # waits for a's next instance, behind b
+    b.spawned("c")
+    grant_of(b.ready("c"), wc)
+    assert stops(b.release(wc)) == []  # c idle: nobody needs its slot yet
+    out = b.release(busy)
+    assert [(s.model, s.reason) for s in stops(out)] == [
+        ("a", "drain for b"),
+        ("c", "lru for a"),
+    ]
