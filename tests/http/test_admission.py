@@ -58,7 +58,8 @@ async def test_queue_and_eviction_events(fake_router: RouterFactory) -> None:
             queue
         )
         evicts = [(e["model"], e["data"]) for e in seen if e["event"] == "troupe_evict"]
-        assert evicts == [("a", {"reason": "lru for b"})]
+        # In words as before, and typed (``kind``: the metrics' reason label).
+        assert evicts == [("a", {"reason": "lru for b", "kind": "lru"})]
         item = {m["id"]: m for m in (await http.get("/models")).json()["data"]}["a"]
         assert item["troupe"]["last_eviction"] == "lru for b"
         assert item["troupe"]["last_load_seconds"] > 0

@@ -61,7 +61,7 @@ async def test_a_model_that_starves_behind_busy_ones_is_served_after_the_drain(
             stop.set()
         assert seen[0]["event"] == "troupe_drain"
         assert seen[0]["data"]["for"] == "c"
-        assert seen[-1]["data"] == {"reason": "drain for c"}  # stopped once its requests ended
+        assert seen[-1]["data"] == {"reason": "drain for c", "kind": "drain"}  # once idle
         assert set(codes) == {200}  # the drained model's requests waited, none failed
 
 

@@ -27,6 +27,7 @@ from troupe.child.breakdown import BreakdownRow, need_of_rows, parse_breakdown_l
 from troupe.child.process import kill_group
 from troupe.child.protocol import iter_lines
 from troupe.messages import Measured, MeasureFailed, Message
+from troupe.modellog import about
 
 __all__ = ["MEASURE_TIMEOUT", "MeasureJob", "Projection", "read_projection"]
 
@@ -114,7 +115,7 @@ class MeasureJob:
                 with self.cancel_scope:
                     result = await self._measure()
             except Exception as exc:  # a bug here fails this measurement, not the router
-                log.exception("measuring %s failed", self.model)
+                about(log, self.model).exception("measuring failed")
                 result = MeasureFailed(self.model, self.fingerprint, f"troupe error: {exc!r}")
             with trio.CancelScope(shield=True):
                 await self._outbox.send(result)
@@ -149,7 +150,7 @@ class MeasureJob:
                     await proc.stderr.aclose()
         if projection is None:
             return MeasureFailed(self.model, self.fingerprint, "the engine printed no projection")
-        log.info("%s: the engine projects %s", self.model, _mib(projection.min))
+        about(log, self.model).info("the engine projects %s", _mib(projection.min))
         return Measured(self.model, self.fingerprint, projection.min, projection.max)
 
 

@@ -17,16 +17,20 @@ import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
 
+from troupe.actors.catalogue import CatalogueKeeper, Scanner
 from troupe.actors.download_supervisor import DownloadLauncher
 from troupe.actors.events import EventBus
+from troupe.actors.instance import Instance
 from troupe.actors.memory import MemorySampler
-from troupe.actors.scheduler_downloads import DownloadRunner
-from troupe.actors.scheduler_effects import ChildTransport, Launcher
+from troupe.actors.replies import Replies
+from troupe.actors.scheduler_downloads import SchedulerDownloads
+from troupe.actors.scheduler_effects import ChildTransport, EffectExecutor, Listener, Spawner
+from troupe.actors.scheduler_memory import MemoryWork, Projector
 from troupe.catalog.prepared import PreparedCatalog
 from troupe.child.ledger import PidLedger
 from troupe.download.plan import DownloadPlan
@@ -51,7 +55,9 @@ from troupe.messages import (
     StopAll,
     UnloadModel,
 )
+from troupe.modellog import about
 from troupe.sched import Effect, Failure, Grant, Reply, SchedulerCore, Snapshot
+from troupe.sched.events import SchedulerEvent
 from troupe.sched.memory import MemoryLedger
 
 __all__ = ["Launcher", "ModelUnavailable", "Scheduler"]
@@ -67,7 +73,16 @@ class ModelUnavailable(Exception):
         self.failure = failure
 
 
-class Scheduler(DownloadRunner):
+class Launcher(Spawner, Projector, Scanner, Protocol):
+    """What the scheduler needs from the rest of the program (the composition root):
+    how to start a model's child, how to measure it, how to read the model sources."""
+
+
+class Scheduler:
+    """The scheduler actor. Its parts, each owning its own state: the core (the model
+    table and every decision), the effect executor (children, replies, events), the
+    memory work, the catalogue keeper (reloads, removals) and the downloads."""
+
     def __init__(
         self,
         core: SchedulerCore,
@@ -81,15 +96,42 @@ class Scheduler(DownloadRunner):
         downloads: DownloadLauncher | None = None,
     ) -> None:
         send, recv = trio.open_memory_channel[Message](inbox_size)
-        super().__init__(
-            core, launcher, catalogue, bus or EventBus(), ledger, sampler, send, transport
-        )
-        self._init_downloads(downloads)
+        self._core = core
+        self._send = send
         self._recv = recv
         self._ids = itertools.count(1)
+        self._replies = Replies()
+        self.bus = bus or EventBus()
+        self._memory = MemoryWork(core, launcher, sampler, send)
+        self._catalogue = CatalogueKeeper(launcher, catalogue, send, self._publish_event)
+        self._effects = EffectExecutor(
+            core, launcher, self._catalogue, self._memory, self._replies, self.bus, ledger,
+            send, transport,
+        )  # fmt: skip
+        self._downloads = SchedulerDownloads(
+            downloads, self._catalogue, self._replies, send, lambda: next(self._ids)
+        )
+        self._nursery: trio.Nursery | None = None
         self._snapshot = core.snapshot()
         self._stale = False  # the core changed since _snapshot was built
         self._watchers: list[tuple[Callable[[Snapshot], bool], trio.Event]] = []
+
+    def _publish_event(self, event: SchedulerEvent) -> None:
+        self._effects.publish(event)
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener`` with every event as it is emitted, inside the scheduler (for
+        counters, which must see every event; the SSE bus drops slow subscribers). It
+        must be quick and never block; an exception it raises is logged and ignored."""
+        self._effects.add_listener(listener)
+
+    @property
+    def catalogue(self) -> PreparedCatalog:
+        """The catalogue the model table was built from; replaced whole on reload."""
+        return self._catalogue.current
+
+    def instance(self, model: str) -> Instance | None:
+        return self._effects.instances.get(model)
 
     # ----- reading -------------------------------------------------------------------
 
@@ -108,11 +150,11 @@ class Scheduler(DownloadRunner):
     @property
     def ledger(self) -> MemoryLedger | None:
         """The memory ledger (None without memory admission); owned by the core."""
-        return self._core.memory
+        return self._core.ledger
 
     @property
     def sampler(self) -> MemorySampler | None:
-        return self._sampler
+        return self._memory.sampler
 
     async def wait_until(self, predicate: Callable[[Snapshot], bool]) -> Snapshot:
         """Wait (no polling) until a published snapshot satisfies ``predicate``."""
@@ -189,7 +231,8 @@ class Scheduler(DownloadRunner):
                 ready_only=ready_only,
             )
             grant = next(e.result for e in effects if isinstance(e, Reply) and e.to == rid)
-            self._apply([e for e in effects if not (isinstance(e, Reply) and e.to == rid)], now)
+            rest = [e for e in effects if not (isinstance(e, Reply) and e.to == rid)]
+            self._effects.apply(rest, now)
             self._publish()
             assert isinstance(grant, Grant)
             return rid, grant
@@ -258,10 +301,11 @@ class Scheduler(DownloadRunner):
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            self._downloads.nursery = nursery
+            for part in (self._effects, self._memory, self._catalogue, self._downloads):
+                part.nursery = nursery
             task_status.started()
             now = trio.current_time()
-            self._apply(self._core.start(now), now)
+            self._effects.apply(self._core.start(now), now)
             self._publish()
             while True:
                 deadline = self._core.next_deadline()
@@ -273,16 +317,17 @@ class Scheduler(DownloadRunner):
                     effects = self._core.on_time(now)
                 else:
                     effects = self._dispatch(message, now)
-                self._apply(effects, now)
+                self._effects.apply(effects, now)
                 self._publish()
 
     def _dispatch(self, msg: Message, now: float) -> list[Effect]:
         core = self._core
-        if (effects := self._dispatch_download(msg)) is not None:
+        if (effects := self._downloads.dispatch(msg)) is not None:
             return effects
+        expect = self._replies.expect
         match msg:
             case Acquire():
-                self._replies[msg.rid] = msg.reply
+                expect(msg.rid, msg.reply)
                 return core.acquire(
                     msg.rid,
                     msg.model,
@@ -292,40 +337,37 @@ class Scheduler(DownloadRunner):
                     ready_only=msg.ready_only,
                 )
             case Release():
-                self._drop_reply(msg.rid)  # an asker that gave up waiting
+                self._replies.drop(msg.rid)  # an asker that gave up waiting
                 return core.release(msg.rid, now)
             case LoadModel():
-                self._replies[msg.rid] = msg.reply
+                expect(msg.rid, msg.reply)
                 return core.load(msg.rid, msg.model, now)
             case UnloadModel():
-                self._replies[msg.rid] = msg.reply
+                expect(msg.rid, msg.reply)
                 return core.unload(msg.rid, msg.model, now)
             case StopAll():
-                self._replies[msg.rid] = msg.reply
+                expect(msg.rid, msg.reply)
                 self._downloads.stop_all()  # paused: the journal resumes them next start
                 return core.stop_all(msg.rid, now)
             case Drain():
-                self._replies[msg.rid] = msg.reply
+                expect(msg.rid, msg.reply)
                 return [*core.drain(now), Reply(msg.rid, None)]
             case Reload():
-                self._replies[msg.rid] = msg.reply
-                self._start_scan(msg.rid, None)
+                expect(msg.rid, msg.reply)
+                self._catalogue.rescan(msg.rid)
                 return []
             case RemoveModel():
-                self._replies[msg.rid] = msg.reply
-                return self._remove(msg.rid, msg.model, now)
+                expect(msg.rid, msg.reply)
+                return self._catalogue.remove(msg.rid, msg.model, core, now)
             case Rescanned():
-                return self._rescanned(msg, now)
+                return self._catalogue.rescanned(msg, core, now)
             case Spawned():
-                self._child_started(msg.model, msg.gen, msg.connections)
+                self._effects.child_started(msg.model, msg.gen, msg.connections)
                 return core.spawned(msg.model, msg.gen, msg.port, msg.pid, now)
             case ChildState():
                 return core.child_state(msg.model, msg.gen, msg.state, msg.payload, now)
             case Exited():
-                inst = self._instances.get(msg.model)
-                if inst is not None and inst.gen == msg.gen:
-                    del self._instances[msg.model]
-                self._forget_child(msg.model, msg.gen)
+                self._effects.child_gone(msg.model, msg.gen)
                 return core.exited(
                     msg.model,
                     msg.gen,
@@ -337,16 +379,16 @@ class Scheduler(DownloadRunner):
                 )
             case MemorySampled():
                 effects = core.memory_sampled(msg.sample, msg.version, now)
-                self._remember_memory()
+                self._memory.remember()
                 return effects
             case MemorySampleFailed():
                 return core.memory_sample_failed(msg.version, now)
             case Measured():
-                self._measure_done(msg.model, msg.fingerprint)
+                self._memory.measure_done(msg.model, msg.fingerprint)
                 return core.measured(msg.model, msg.fingerprint, msg.need, msg.high, now)
             case MeasureFailed():
-                self._measure_done(msg.model, msg.fingerprint)
-                log.info("%s: no projection from the engine: %s", msg.model, msg.reason)
+                self._memory.measure_done(msg.model, msg.fingerprint)
+                about(log, msg.model).info("no projection from the engine: %s", msg.reason)
                 return core.measure_failed(msg.model, msg.fingerprint, msg.reason, now)
         raise AssertionError(f"unknown message {msg!r}")
 

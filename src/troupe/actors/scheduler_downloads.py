@@ -1,19 +1,21 @@
 """The scheduler's download messages: routed to the download table, and what follows.
 
-A layer of the scheduler actor (between `EffectRunner` and `Scheduler`), so the core's
-dispatch stays as it is: a download holds no child and no slot, so the core never sees
-one. An unload or a ``DELETE`` naming a download goes to its job; a job that ended is
-followed by a reload the scheduler starts itself (upstream reloads implicitly on the
-next lookup), and its entry goes with that reload's swap, so no reader ever sees the
-model under both names, or under neither.
+Part of the scheduler actor. A download holds no child and no slot, so the core never
+sees one. An unload or a ``DELETE`` naming a download goes to its job; a job that
+ended is followed by a reload the scheduler starts itself (upstream reloads
+implicitly on the next lookup), and its entry goes with that reload's swap, so no
+reader ever sees the model under both names, or under neither.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 
+import trio
+
+from troupe.actors.catalogue import CatalogueKeeper
 from troupe.actors.download_supervisor import DownloadLauncher, DownloadSupervisor
-from troupe.actors.scheduler_effects import EffectRunner
+from troupe.actors.replies import Replies
 from troupe.messages import (
     DownloadFailed,
     DownloadFinished,
@@ -25,60 +27,82 @@ from troupe.messages import (
     UnloadModel,
 )
 from troupe.sched import Effect, Failure, Reply
-from troupe.sched.downloads import RemoveAfter
+from troupe.sched.downloads import DownloadView, RemoveAfter
 from troupe.sched.effects import Reloaded
 
-__all__ = ["DownloadRunner"]
+__all__ = ["SchedulerDownloads"]
 
 
-class DownloadRunner(EffectRunner):
-    _downloads: DownloadSupervisor
-    _download_reloads: dict[int, dict[str, int]]  # reload rid -> the ended jobs it clears
-    _ids: Iterator[int]
+class SchedulerDownloads:
+    def __init__(
+        self,
+        launcher: DownloadLauncher | None,
+        catalogue: CatalogueKeeper,
+        replies: Replies,
+        send: trio.MemorySendChannel[Message],
+        new_rid: Callable[[], int],
+    ) -> None:
+        self._jobs = DownloadSupervisor(launcher, send)
+        self._catalogue = catalogue
+        self._replies = replies
+        self._new_rid = new_rid
+        self._reloads: dict[int, dict[str, int]] = {}  # reload rid -> the ended jobs it clears
+        catalogue.on_swap(self._swapped)
 
-    def _init_downloads(self, launcher: DownloadLauncher | None) -> None:
-        self._downloads = DownloadSupervisor(launcher, self._send.clone())
-        self._download_reloads = {}
+    @property
+    def nursery(self) -> trio.Nursery | None:
+        return self._jobs.nursery
 
-    def _dispatch_download(self, msg: Message) -> list[Effect] | None:
+    @nursery.setter
+    def nursery(self, nursery: trio.Nursery) -> None:
+        self._jobs.nursery = nursery
+
+    def views(self) -> dict[str, DownloadView]:
+        return self._jobs.views()
+
+    def stop_all(self) -> None:
+        """Shutdown: jobs pause (the journal resumes them at the next start)."""
+        self._jobs.stop_all()
+
+    def dispatch(self, msg: Message) -> list[Effect] | None:
         """The effects of a download message; None for any other message."""
+        jobs = self._jobs
         match msg:
-            case UnloadModel() if msg.model in self._downloads:
-                self._replies[msg.rid] = msg.reply
-                return self._download_effects(self._downloads.cancel(msg.rid, msg.model))
-            case RemoveModel() if msg.model in self._downloads and (
-                self._catalogue.catalog.get(msg.model) is None
+            case UnloadModel() if msg.model in jobs:
+                self._replies.expect(msg.rid, msg.reply)
+                return self._effects(jobs.cancel(msg.rid, msg.model))
+            case RemoveModel() if msg.model in jobs and (
+                self._catalogue.current.catalog.get(msg.model) is None
             ):
-                self._replies[msg.rid] = msg.reply
-                return self._download_effects(self._downloads.remove(msg.rid, msg.model))
-            case Rescanned() if isinstance(msg.result, str) and msg.rid in self._download_reloads:
-                self._downloads.forget(self._download_reloads.pop(msg.rid))  # reload failed
+                self._replies.expect(msg.rid, msg.reply)
+                return self._effects(jobs.remove(msg.rid, msg.model))
+            case Rescanned() if isinstance(msg.result, str) and msg.rid in self._reloads:
+                jobs.forget(self._reloads.pop(msg.rid))  # the reload failed
                 return None  # answered (to nobody, or the DELETE) as any failed reload
-            case StartDownload() if self._catalogue.catalog.resolve(msg.name) is not None:
+            case StartDownload() if self._catalogue.current.catalog.resolve(msg.name) is not None:
                 exists = Failure.bad_request(f"model '{msg.name}' already exists")
-                self._replies[msg.rid] = msg.reply
+                self._replies.expect(msg.rid, msg.reply)
                 return [Reply(msg.rid, exists)]
             case StartDownload():
-                self._replies[msg.rid] = msg.reply
-                return self._download_effects(self._downloads.dispatch(msg))
+                self._replies.expect(msg.rid, msg.reply)
+                return self._effects(jobs.dispatch(msg))
             case DownloadProgress():
-                return self._download_effects(self._downloads.dispatch(msg))
+                return self._effects(jobs.dispatch(msg))
             case DownloadFinished() | DownloadFailed():
-                out = self._downloads.dispatch(msg)
+                out = jobs.dispatch(msg)
                 if not any(isinstance(e, RemoveAfter) for e in out):
                     self._reload_after_download()  # else the removal's own reload does it
-                return self._download_effects(out)
+                return self._effects(out)
         return None
 
-    def _download_effects(self, out: Sequence[Effect | RemoveAfter]) -> list[Effect]:
+    def _effects(self, out: Sequence[Effect | RemoveAfter]) -> list[Effect]:
         effects: list[Effect] = []
         for item in out:
             if isinstance(item, RemoveAfter):
                 # Its job has ended: from here on it is a removal as any other (delete the
                 # files, re-scan, reload, model_remove), and its entry goes with that reload.
-                self._download_reloads[item.rid] = {**self._downloads.ended(), item.name: item.job}
-                self._removing[item.rid] = item.name
-                self._start_scan(item.rid, item.name)
+                self._reloads[item.rid] = {**self._jobs.ended(), item.name: item.job}
+                self._catalogue.delete_then_rescan(item.rid, item.name)
             else:
                 effects.append(item)
         return effects
@@ -86,13 +110,12 @@ class DownloadRunner(EffectRunner):
     def _reload_after_download(self) -> None:
         """A job ended: reload, so a finished model is listed under its ``org/repo:TAG``
         name and a failed one is gone. The entries ended by now go with this reload."""
-        rid = next(self._ids)
-        self._download_reloads[rid] = self._downloads.ended()
-        self._start_scan(rid, None)
+        rid = self._new_rid()
+        self._reloads[rid] = self._jobs.ended()
+        self._catalogue.rescan(rid)
 
-    def _swap_catalogue(self, effect: Reloaded) -> None:
-        super()._swap_catalogue(effect)
+    def _swapped(self, effect: Reloaded) -> None:
         for rid in effect.rids:
-            jobs = self._download_reloads.pop(rid, None)
+            jobs = self._reloads.pop(rid, None)
             if jobs:
-                self._downloads.forget(jobs)
+                self._jobs.forget(jobs)

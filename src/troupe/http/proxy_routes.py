@@ -16,8 +16,7 @@ from troupe.http.context import RouterContext
 from troupe.http.errors import error_body, failure_body
 from troupe.http.server.exchange import Exchange
 from troupe.proxy.relay import ChildLost
-from troupe.sched import Failure, Grant, Snapshot, Status
-from troupe.sched.base import FAKE_TIMING_DELAY
+from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant, Snapshot, Status
 
 __all__ = [
     "acquire_within",

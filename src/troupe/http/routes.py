@@ -21,8 +21,7 @@ from troupe.http.errors import JSON_TYPE, dumps, error_body, failure_body, statu
 from troupe.http.models_json import models_list, settled_downloads
 from troupe.http.streams import register_stream_routes
 from troupe.ops.routes import register_ops_routes
-from troupe.sched import Failure
-from troupe.sched.base import FAKE_TIMING_DELAY
+from troupe.sched import FAKE_TIMING_DELAY, Failure
 
 __all__ = ["create_local_app"]
 

@@ -20,6 +20,15 @@ from typing import Any
 import attrs
 import trio
 
+from troupe.sched.events import (
+    ChildExited,
+    ModelStatusSet,
+    SchedulerEvent,
+    StatusChanged,
+    StopRequested,
+)
+from troupe.sched.status import Status
+
 __all__ = ["LogLine", "LogSubscription", "ModelLogs"]
 
 RING_LINES = 1000  # per model
@@ -125,29 +134,27 @@ class ModelLogs:
 
     # ----- the scheduler's events (Scheduler.add_listener) -------------------------------
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: SchedulerEvent) -> None:
         text = _describe(event)
         if text is not None:
-            self.write(str(event.get("model", "")), text, source="troupe")
+            self.write(event.model, text, source="troupe")
 
 
-def _describe(event: dict[str, Any]) -> str | None:
-    kind = event.get("event")
-    data = event.get("data")
-    data = data if isinstance(data, dict) else {}
-    status = data.get("status")
-    if kind == "model_status" and status == "loading":
-        return "loading: starting a child"
-    if kind == "status_change" and status == "loaded":
-        return "loaded: the child is ready"
-    if kind == "status_change" and status == "sleeping":
-        return "sleeping"
-    if kind == "troupe_evict":
-        return f"evicting ({data.get('reason', '?')})"
-    if kind == "troupe_exit":
-        code = data.get("exit_code")
-        if data.get("expected"):
+def _describe(event: SchedulerEvent) -> str | None:
+    match event:
+        case ModelStatusSet(status=Status.LOADING):
+            return "loading: starting a child"
+        case StatusChanged(status=Status.LOADED):
+            return "loaded: the child is ready"
+        case StatusChanged(status=Status.SLEEPING):
+            return "sleeping"
+        case StopRequested(cause=cause) if cause.reason.is_eviction:
+            return f"evicting ({cause.describe()})"
+        case StopRequested(cause=cause):
+            return f"stopping ({cause.describe()})"
+        case ChildExited(exit_code=code, expected=True):
             return f"stopped (exit code {code})"
-        why = ", out of memory" if data.get("oom") else ""
-        return f"the child died (exit code {code}{why})"
+        case ChildExited(exit_code=code, oom=oom):
+            why = ", out of memory" if oom else ""
+            return f"the child died (exit code {code}{why})"
     return None

@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 
 from troupe.http.routing import PROXY_GET_PATHS, PROXY_POST_PATHS, strip_prefix
-from troupe.sched import Snapshot
+from troupe.sched import Snapshot, Status
+from troupe.sched.events import (
+    ChildExited,
+    ModelStatusSet,
+    SchedulerEvent,
+    StatusChanged,
+    StopRequested,
+)
 
-__all__ = ["RouterMetrics", "eviction_reason", "route_label"]
-
-Event = dict[str, Any]
+__all__ = ["RouterMetrics", "route_label"]
 
 # Loads take seconds to minutes; waits for a model as long; the first bucket catches
 # the requests that found their model up.
@@ -30,15 +34,6 @@ LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 SWAP_WINDOW = 60.0  # seconds: troupe_swaps_per_minute counts the swaps in this window
 _KNOWN_ROUTES = PROXY_POST_PATHS | PROXY_GET_PATHS | {"/props", "/metrics", "/v1/stream"}
-
-
-def eviction_reason(reason: str) -> str:
-    """A bounded label for a stop troupe decided on: ``lru``, ``ttl`` or ``memory``
-    (``lru for b`` names the model that needed the slot; that stays in the log)."""
-    for label in ("lru", "ttl", "memory"):
-        if reason.startswith(label):
-            return label
-    return "other"
 
 
 def route_label(path: str, prefix: str) -> str:
@@ -73,7 +68,16 @@ class RouterMetrics:
         )
         self.evictions = Counter(
             "troupe_model_evictions",
-            "Stops troupe decided on, by reason: lru (the slot was needed), ttl, memory",
+            "Stops troupe decided on by itself, by reason: lru (the slot was needed), "
+            "memory (the memory was), drain (swapped out for a starving model), ttl",
+            ["model", "reason"],
+            registry=reg,
+        )
+        self.stops = Counter(
+            "troupe_model_stops",
+            "Every stop of a child troupe asked for, by reason: the evictions' (lru, memory, "
+            "drain, ttl), unload, reload (preset changed), dropped (from the catalogue), "
+            "remove (DELETE /models), shutdown",
             ["model", "reason"],
             registry=reg,
         )
@@ -113,30 +117,30 @@ class RouterMetrics:
 
     # ----- the scheduler's events (Scheduler.add_listener) -------------------------------
 
-    def on_event(self, event: Event) -> None:
-        """Count one scheduler event; quick, never blocks, never raises on odd data."""
-        model = str(event.get("model", ""))
-        kind = event.get("event")
-        data = event.get("data")
-        data = data if isinstance(data, dict) else {}
+    def on_event(self, event: SchedulerEvent) -> None:
+        """Count one scheduler event; quick, never blocks."""
         now = self._clock()
-        if kind == "model_status" and data.get("status") == "loading":
-            self._loading[model] = now
-        elif kind == "status_change" and data.get("status") == "loaded":
-            started = self._loading.pop(model, None)
-            if started is not None:  # a wake from sleep reports "loaded" too: not a load
-                self.loads.labels(model, "loaded").inc()
-                self.load_seconds.labels(model).observe(max(0.0, now - started))
-        elif kind == "troupe_exit":
-            expected = bool(data.get("expected"))
-            if self._loading.pop(model, None) is not None:
-                self.loads.labels(model, "cancelled" if expected else "failed").inc()
-            if not expected:
-                self.crashes.labels(model).inc()
-            if data.get("oom"):
-                self.ooms.labels(model).inc()
-        elif kind == "troupe_evict":
-            self.evictions.labels(model, eviction_reason(str(data.get("reason", "")))).inc()
+        match event:
+            case ModelStatusSet(model=model, status=Status.LOADING):
+                self._loading[model] = now
+            case StatusChanged(model=model, status=Status.LOADED):
+                started = self._loading.pop(model, None)
+                if started is not None:  # a wake from sleep reports "loaded" too: not a load
+                    self.loads.labels(model, "loaded").inc()
+                    self.load_seconds.labels(model).observe(max(0.0, now - started))
+            case ChildExited(model=model):
+                if self._loading.pop(model, None) is not None:
+                    self.loads.labels(model, "cancelled" if event.expected else "failed").inc()
+                if not event.expected:
+                    self.crashes.labels(model).inc()
+                if event.oom:
+                    self.ooms.labels(model).inc()
+            case StopRequested(model=model, cause=cause):
+                self.stops.labels(model, cause.reason.value).inc()
+                if cause.reason.is_eviction:
+                    self.evictions.labels(model, cause.reason.value).inc()
+            case _:
+                pass
 
     def swaps_per_minute(self, snapshot: Snapshot) -> int:
         """Models stopped to make room for another in the last minute (the scheduler's

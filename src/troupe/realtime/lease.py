@@ -16,8 +16,7 @@ import trio
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.http.context import RouterContext
 from troupe.proxy.upstream import UpstreamResponse
-from troupe.sched import Failure, Grant
-from troupe.sched.base import FAKE_TIMING_DELAY
+from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant
 
 __all__ = ["ChildCall"]
 

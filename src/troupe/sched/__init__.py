@@ -1,7 +1,9 @@
 """The scheduler's pure core: the model table, the admission queue, LRU choice.
 
 No Trio and no I/O here: `SchedulerCore` takes events and returns effects
-(see `troupe.sched.effects`); the scheduler actor carries the effects out.
+(see `troupe.sched.effects`); the scheduler actor carries the effects out. What it
+tells the world is typed (`troupe.sched.events`, `troupe.sched.reasons`) and becomes
+JSON only where it leaves the process.
 """
 
 from __future__ import annotations
@@ -18,16 +20,21 @@ from troupe.sched.effects import (
     Spawn,
     Stop,
 )
+from troupe.sched.phase import Phase
+from troupe.sched.reasons import StopCause, StopReason
+from troupe.sched.settle import FAKE_TIMING_DELAY
 from troupe.sched.status import Status
 from troupe.sched.table import ModelConfig, ModelView, Snapshot
 
 __all__ = [
+    "FAKE_TIMING_DELAY",
     "Effect",
     "Emit",
     "Failure",
     "Grant",
     "ModelConfig",
     "ModelView",
+    "Phase",
     "Prefetch",
     "Reply",
     "SampleMemory",
@@ -36,4 +43,6 @@ __all__ = [
     "Spawn",
     "Status",
     "Stop",
+    "StopCause",
+    "StopReason",
 ]

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 import attrs
 
 from troupe.sched.effects import Emit, Failure, Reply
+from troupe.sched.events import DownloadEnded, DownloadProgressed, ModelStatusSet
 from troupe.sched.status import Status
 
 __all__ = [
@@ -127,7 +128,7 @@ class DownloadTable:
         self._entries[name] = entry
         return [
             StartJob(name, entry.job),
-            Emit(name, "model_status", {"status": "downloading"}),
+            Emit(ModelStatusSet(name, Status.DOWNLOADING)),
             Reply(rid, None),
         ]
 
@@ -142,15 +143,14 @@ class DownloadTable:
         if e is None:
             return []
         e.progress.update(progress)
-        cumulative = {url: {"done": d, "total": t} for url, (d, t) in e.progress.items()}
-        return [Emit(name, "download_progress", {"progress": cumulative})]
+        return [Emit(DownloadProgressed(name, dict(e.progress)))]
 
     def finished(self, name: str, job: int, listed: str) -> list[DownloadEffect]:
         e = self._current(name, job)
         if e is None:
             return []
         e.status, e.listed = Status.DOWNLOADED, listed
-        return [Emit(name, "download_finished"), *self._release(e)]
+        return [Emit(DownloadEnded(name)), *self._release(e)]
 
     def failed(
         self, name: str, job: int, reason: str, status: int, cancelled: bool
@@ -164,9 +164,8 @@ class DownloadTable:
             status,
             cancelled,
         )
-        # Upstream sends no data; the reason (and the hub's status) is troupe's addition.
-        data = {"reason": reason, "status": status} if not cancelled else {"reason": reason}
-        return [Emit(name, "download_failed", data), *self._release(e)]
+        ended = DownloadEnded(name, reason, None if cancelled else status)
+        return [Emit(ended), *self._release(e)]
 
     def _release(self, e: _Entry) -> list[DownloadEffect]:
         out: list[DownloadEffect] = [Reply(rid, None) for rid in e.waiters]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
+
+from troupe.sched.events import SchedulerEvent
+from troupe.sched.reasons import StopCause
 
 __all__ = [
     "CancelMeasure",
@@ -43,7 +44,7 @@ class Stop:
     model: str
     gen: int
     kill: bool
-    reason: str
+    cause: StopCause
 
 
 @attrs.frozen
@@ -109,11 +110,9 @@ class SampleMemory:
 
 @attrs.frozen
 class Emit:
-    """An event for /models/sse subscribers: ``{"model":..., "event":..., "data":...}``."""
+    """Tell the world (``/models/sse``, metrics, the model logs) what happened."""
 
-    model: str
-    event: str
-    data: dict[str, Any] | None = None
+    event: SchedulerEvent
 
 
 @attrs.frozen

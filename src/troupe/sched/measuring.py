@@ -12,13 +12,13 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-__all__ = ["MAX_ATTEMPTS", "MeasureQueue", "Projected"]
+__all__ = ["MAX_ATTEMPTS", "MeasureQueue", "Projection"]
 
 MAX_ATTEMPTS = 2  # a failed measurement is tried again after a load, once
 
 
 @attrs.frozen
-class Projected:
+class Projection:
     fingerprint: str
     need: Mapping[str, int]  # at the context the child will use
     high: Mapping[str, int] | None = None  # at the initial parameters, when fit shrank them
@@ -29,7 +29,7 @@ class MeasureQueue:
     todo: list[str] = attrs.field(factory=list)
     running: tuple[str, str] | None = None  # (model, fingerprint)
     failures: dict[str, int] = attrs.field(factory=dict)
-    projected: dict[str, Projected] = attrs.field(factory=dict)
+    projected: dict[str, Projection] = attrs.field(factory=dict)
 
     def add(self, names: Iterable[str]) -> None:
         for name in names:
@@ -64,7 +64,7 @@ class MeasureQueue:
         self.failures[name] = self.failures.get(name, 0) + 1
         return self.failures[name]
 
-    def of(self, name: str, fingerprint: str) -> Projected | None:
+    def of(self, name: str, fingerprint: str) -> Projection | None:
         found = self.projected.get(name)
         return found if found is not None and found.fingerprint == fingerprint else None
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
 
 from troupe.sched.downloads import DownloadView
 from troupe.sched.memory import DeviceMemory
+from troupe.sched.phase import TRANSITIONS, IllegalTransition, Phase
+from troupe.sched.reasons import StopCause
 from troupe.sched.status import Status
 
-__all__ = ["ModelConfig", "ModelState", "ModelView", "Snapshot"]
+__all__ = ["ModelConfig", "ModelState", "ModelTable", "ModelView", "Snapshot"]
 
 
 @attrs.frozen
@@ -28,16 +30,22 @@ class ModelConfig:
 
 @attrs.define
 class ModelState:
-    """Mutable, and only ever touched by `SchedulerCore`."""
+    """One model's lifecycle phase and what goes with it. Mutable, and only ever
+    touched by the scheduler core; the phase changes only through `move`."""
 
     config: ModelConfig
-    status: Status = Status.UNLOADED
+    phase: Phase = Phase.UNLOADED
+    # What the current child last reported (or troupe announced for it: loading at a
+    # spawn): what readers see while it drains or stops.
+    reported: Status = Status.UNLOADED
     gen: int = 0  # generation of the current (or last) child
     port: int = 0
     pid: int = 0
-    exit_code: int = 0
-    stopping: bool = False
-    spawn_pending: bool = False  # a Spawn was issued, the child is not started yet
+    exit_code: int = 0  # upstream's, of the last child (0 while one runs)
+    last_stop: StopCause | None = None  # why the current (or last) child was told to stop
+    drain_for: str | None = None  # draining for this model (kept while it then stops)
+    held_until: float | None = None  # HELD: until when
+    oom_retried: bool = False  # a load died of OOM and was retried since it last came up
     progress: dict[str, Any] | None = None
     loaded_info: dict[str, Any] | None = None
     last_used: float = 0.0
@@ -47,22 +55,126 @@ class ModelState:
     in_flight: int = 0
     load_started: float | None = None
     last_load_seconds: float | None = None
-    last_eviction: str | None = None
     last_error: str | None = None
     crashes: deque[float] = attrs.field(factory=deque)
-    held_until: float | None = None
-    removed: bool = False  # dropped from the catalogue, kept until its child is gone
-    draining_for: str | None = None  # takes no new lease; stopped once idle, for this model
-    oom_retried: bool = False  # an out-of-memory load was already retried once
-    respawn_after_evictions: bool = False  # retry that load once the evictions are done
+
+    def move(self, phase: Phase) -> None:
+        """The one way a phase changes; a move the lifecycle does not list raises."""
+        if phase is not self.phase and phase not in TRANSITIONS[self.phase]:
+            raise IllegalTransition(self.config.name, self.phase, phase)
+        self.phase = phase
 
     @property
-    def failed(self) -> bool:
-        return self.status is Status.UNLOADED and self.exit_code != 0
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def status(self) -> Status:
+        """llama.cpp's status, as readers see it."""
+        return self.phase.shows(self.reported)
 
     @property
     def is_running(self) -> bool:
-        return self.status.is_running or self.spawn_pending
+        return self.phase.is_running
+
+    @property
+    def stopping(self) -> bool:
+        return self.phase.is_stopping
+
+    @property
+    def spawn_pending(self) -> bool:
+        """A Spawn was issued and its process has not started yet."""
+        return self.phase.is_spawning
+
+    @property
+    def draining_for(self) -> str | None:
+        """The model it makes room for, while it drains (or stops after draining)."""
+        return self.drain_for
+
+    @property
+    def failed(self) -> bool:
+        return not self.is_running and self.exit_code != 0
+
+
+class ModelTable:
+    """Every model the scheduler knows, by name; generations that never repeat."""
+
+    def __init__(self, configs: Iterable[ModelConfig]) -> None:
+        self.models: dict[str, ModelState] = {c.name: ModelState(c) for c in configs}
+        # A model's generations never repeat, also across a removal and a re-add by a
+        # reload: a stale lease or event from an old child must never match a new one.
+        self._last_gen: dict[str, int] = {}
+        # Names on their way out of the table (removed, or dropped by a reload): unknown
+        # to requests from now on, kept until their child is gone.
+        self._retiring: set[str] = set()
+
+    def __iter__(self) -> Iterator[ModelState]:
+        return iter(self.models.values())
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.models
+
+    def get(self, name: str) -> ModelState | None:
+        return self.models.get(name)
+
+    def known(self, name: str) -> ModelState | None:
+        """``name``, unless it is unknown or retiring (a request for it fails)."""
+        m = self.models.get(name)
+        return m if m is not None and name not in self._retiring else None
+
+    def current(self, name: str, gen: int) -> ModelState | None:
+        """The model if ``gen`` is its current child; events from older children are stale."""
+        m = self.models.get(name)
+        return m if m is not None and m.gen == gen else None
+
+    def add(self, config: ModelConfig) -> ModelState:
+        m = self.models[config.name] = ModelState(config)
+        return m
+
+    def drop(self, name: str) -> None:
+        self.models.pop(name, None)
+        self._retiring.discard(name)
+
+    def retire(self, name: str) -> None:
+        self._retiring.add(name)
+
+    def keep(self, name: str) -> None:
+        """A retiring model is back in the catalogue: it stays once its child is gone."""
+        self._retiring.discard(name)
+
+    def retiring(self, name: str) -> bool:
+        return name in self._retiring
+
+    def next_gen(self, m: ModelState) -> int:
+        gen = max(m.gen, self._last_gen.get(m.name, 0)) + 1
+        self._last_gen[m.name] = gen
+        return gen
+
+    # ----- reading ------------------------------------------------------------------------
+
+    def running(self) -> list[ModelState]:
+        return [m for m in self.models.values() if m.is_running]
+
+    def running_count(self) -> int:
+        return sum(1 for m in self.models.values() if m.is_running)
+
+    def running_names(self) -> list[str]:
+        return [m.name for m in self.models.values() if m.is_running]
+
+    def any_stopping(self) -> bool:
+        return any(m.stopping for m in self.models.values())
+
+    def memory_holders(self) -> dict[str, int]:
+        """Models holding memory now (running and not asleep) -> pid (0: not started)."""
+        return {
+            name: m.pid
+            for name, m in self.models.items()
+            if m.is_running and m.status is not Status.SLEEPING
+        }
+
+    def pids(self) -> tuple[int, ...]:
+        """The processes of the children running now, for a memory reading."""
+        return tuple(sorted(m.pid for m in self.models.values() if m.pid and m.is_running))
 
 
 @attrs.frozen
@@ -83,11 +195,12 @@ class ModelView:
     queue_position: int | None  # 1-based position of its queue entry
     last_used: float
     last_load_seconds: float | None
-    last_eviction: str | None
+    last_stop: StopCause | None  # why its current (or last) child was told to stop
     last_error: str | None
     held_until: float | None
     pin: bool
     ttl: float | None
+    phase: Phase = Phase.UNLOADED
     wait_reason: str | None = None  # why its queued requests wait (None: nobody waits)
     draining_for: str | None = None  # it is being swapped out for this model
     memory_need: Mapping[str, int] | None = None  # what loading it takes, before it loads
@@ -95,6 +208,11 @@ class ModelView:
     memory_reserved: Mapping[str, int] | None = None  # what admission counts: used, else need
     memory_source: str | None = None  # where memory_need comes from: "engine" or "estimate"
     memory_high: Mapping[str, int] | None = None  # the engine's figure at full context
+
+    @property
+    def last_eviction(self) -> str | None:
+        """``last_stop`` in words (``lru for b``), as ``/models`` shows it."""
+        return self.last_stop.describe() if self.last_stop is not None else None
 
 
 @attrs.frozen

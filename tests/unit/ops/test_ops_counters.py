@@ -9,7 +9,15 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from troupe.ops.children import merge_families
-from troupe.ops.metrics import RouterMetrics, eviction_reason, route_label
+from troupe.ops.metrics import RouterMetrics, route_label
+from troupe.sched import Status, StopCause, StopReason
+from troupe.sched.events import (
+    ChildExited,
+    ModelStatusSet,
+    QueueChanged,
+    StatusChanged,
+    StopRequested,
+)
 
 
 class Clock:
@@ -20,10 +28,6 @@ class Clock:
         return self.now
 
 
-def event(model: str, kind: str, **data: Any) -> dict[str, Any]:
-    return {"model": model, "event": kind, "data": data}
-
-
 def sample(metrics: RouterMetrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, labels)
 
@@ -31,13 +35,13 @@ def sample(metrics: RouterMetrics, name: str, **labels: str) -> float | None:
 def test_a_load_is_timed_from_spawn_to_ready_and_a_wake_is_not_a_load() -> None:
     clock = Clock()
     m = RouterMetrics(clock=clock)
-    m.on_event(event("a", "model_status", status="loading"))
+    m.on_event(ModelStatusSet("a", Status.LOADING))
     clock.now += 2.5
-    m.on_event(event("a", "status_change", status="loading", progress={"value": 0.5}))
-    m.on_event(event("a", "status_change", status="loaded"))
-    m.on_event(event("a", "status_change", status="sleeping"))
-    m.on_event(event("a", "status_change", status="loading"))  # waking up
-    m.on_event(event("a", "status_change", status="loaded"))
+    m.on_event(StatusChanged("a", Status.LOADING, progress={"value": 0.5}))
+    m.on_event(StatusChanged("a", Status.LOADED))
+    m.on_event(StatusChanged("a", Status.SLEEPING))
+    m.on_event(StatusChanged("a", Status.LOADING))  # waking up
+    m.on_event(StatusChanged("a", Status.LOADED))
     assert sample(m, "troupe_model_loads_total", model="a", result="loaded") == 1
     assert sample(m, "troupe_model_load_duration_seconds_sum", model="a") == 2.5
     assert sample(m, "troupe_model_load_duration_seconds_bucket", model="a", le="2.0") == 0
@@ -46,14 +50,14 @@ def test_a_load_is_timed_from_spawn_to_ready_and_a_wake_is_not_a_load() -> None:
 
 def test_exits_a_stopped_load_a_crash_and_an_oom() -> None:
     m = RouterMetrics(clock=Clock())
-    m.on_event(event("a", "model_status", status="loading"))
-    m.on_event(event("a", "troupe_exit", exit_code=1, expected=True, oom=False))
-    m.on_event(event("b", "model_status", status="loading"))
-    m.on_event(event("b", "troupe_exit", exit_code=1, expected=False, oom=True))
-    m.on_event(event("c", "model_status", status="loading"))
-    m.on_event(event("c", "status_change", status="loaded"))
-    m.on_event(event("c", "troupe_exit", exit_code=139, expected=False, oom=False))
-    m.on_event(event("c", "troupe_exit", exit_code=0, expected=True, oom=False))
+    m.on_event(ModelStatusSet("a", Status.LOADING))
+    m.on_event(ChildExited("a", 1, expected=True, oom=False))
+    m.on_event(ModelStatusSet("b", Status.LOADING))
+    m.on_event(ChildExited("b", 1, expected=False, oom=True))
+    m.on_event(ModelStatusSet("c", Status.LOADING))
+    m.on_event(StatusChanged("c", Status.LOADED))
+    m.on_event(ChildExited("c", 139, expected=False, oom=False))
+    m.on_event(ChildExited("c", 0, expected=True, oom=False))
     assert sample(m, "troupe_model_loads_total", model="a", result="cancelled") == 1
     assert sample(m, "troupe_model_crashes_total", model="a") is None
     assert sample(m, "troupe_model_loads_total", model="b", result="failed") == 1
@@ -63,18 +67,40 @@ def test_exits_a_stopped_load_a_crash_and_an_oom() -> None:
     assert sample(m, "troupe_model_loads_total", model="c", result="failed") is None
 
 
-def test_evictions_by_reason_and_odd_events_are_ignored() -> None:
+def test_every_stop_is_counted_by_its_reason_and_evictions_apart() -> None:
     m = RouterMetrics(clock=Clock())
-    for reason in ("lru for b", "ttl", "memory for c", "memory"):
-        m.on_event(event("a", "troupe_evict", reason=reason))
-    m.on_event({"model": "a", "event": "troupe_evict", "data": None})
-    m.on_event({"event": "status_change"})
-    m.on_event(event("a", "troupe_queue", waiting=1, position=1))
-    assert sample(m, "troupe_model_evictions_total", model="a", reason="lru") == 1
-    assert sample(m, "troupe_model_evictions_total", model="a", reason="ttl") == 1
-    assert sample(m, "troupe_model_evictions_total", model="a", reason="memory") == 2
-    assert sample(m, "troupe_model_evictions_total", model="a", reason="other") == 1
-    assert eviction_reason("unload request") == "other"
+    causes = [
+        StopCause(StopReason.LRU, "b"),
+        StopCause(StopReason.TTL),
+        StopCause(StopReason.MEMORY, "c"),
+        StopCause(StopReason.MEMORY, "d"),
+        StopCause(StopReason.DRAIN, "b"),
+        StopCause(StopReason.UNLOAD),
+        StopCause(StopReason.SHUTDOWN),
+    ]
+    for cause in causes:
+        m.on_event(StopRequested("a", cause))
+    m.on_event(QueueChanged("a", 1, 1, "loading"))  # not a counter's business
+    evicted = {
+        r: sample(m, "troupe_model_evictions_total", model="a", reason=r) for r in StopReason
+    }
+    assert evicted == {
+        **dict.fromkeys(StopReason),
+        StopReason.LRU: 1,
+        StopReason.TTL: 1,
+        StopReason.MEMORY: 2,
+        StopReason.DRAIN: 1,
+    }
+    stopped = {r: sample(m, "troupe_model_stops_total", model="a", reason=r) for r in StopReason}
+    assert stopped == {
+        **dict.fromkeys(StopReason),
+        StopReason.LRU: 1,
+        StopReason.TTL: 1,
+        StopReason.MEMORY: 2,
+        StopReason.DRAIN: 1,
+        StopReason.UNLOAD: 1,
+        StopReason.SHUTDOWN: 1,
+    }
 
 
 def test_route_labels_are_bounded() -> None:

@@ -12,6 +12,7 @@ from troupe.cli import setup_logging
 from troupe.errors import UsageError
 from troupe.ops.logformat import JsonFormatter
 from troupe.ops.logs import ModelLogs
+from troupe.sched.events import ChildExited, QueueChanged
 
 
 def test_the_ring_is_bounded_per_model_and_kept_across_children() -> None:
@@ -20,8 +21,8 @@ def test_the_ring_is_bounded_per_model_and_kept_across_children() -> None:
     for i in range(5):
         write_a(f"a{i}")
     logs.write("b", "b0")
-    logs.on_event({"model": "a", "event": "troupe_exit", "data": {"exit_code": 1, "oom": True}})
-    logs.on_event({"model": "a", "event": "troupe_queue", "data": {"waiting": 1}})  # not a line
+    logs.on_event(ChildExited("a", 1, expected=False, oom=True))
+    logs.on_event(QueueChanged("a", 1, 1, "loading"))  # not a line
     assert [ln.text for ln in logs.recent("a")] == [
         "a3",
         "a4",

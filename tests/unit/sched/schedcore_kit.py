@@ -11,6 +11,8 @@ import itertools
 from collections.abc import Iterable
 from typing import Any
 
+import attrs
+
 from troupe.sched import (
     Effect,
     Emit,
@@ -27,11 +29,26 @@ from troupe.sched import (
 UPSTREAM_EVENTS = ("model_status", "status_change")
 
 
+@attrs.frozen
+class Sse:
+    """An `Emit` as a ``/models/sse`` subscriber receives it (upstream's wire shape)."""
+
+    model: str
+    event: str
+    data: dict[str, Any] | None = None
+
+
+def sse(e: Emit) -> Sse:
+    wire = e.event.to_json()
+    assert set(wire) <= {"model", "event", "data"}, wire
+    return Sse(wire["model"], wire["event"], wire.get("data"))
+
+
 def is_troupe_extra(e: Effect) -> bool:
     """troupe's own effects beyond upstream's: its SSE events (``troupe_*``, reloads) and
     memory sampling. The example tests check upstream's behaviour and ignore these."""
     if isinstance(e, Emit):
-        return e.event not in UPSTREAM_EVENTS
+        return sse(e).event not in UPSTREAM_EVENTS
     return not isinstance(e, Spawn | Stop | Reply)
 
 
@@ -47,8 +64,9 @@ def replies(effects: Iterable[Effect]) -> list[Reply]:
     return [e for e in effects if isinstance(e, Reply)]
 
 
-def emits(effects: Iterable[Effect]) -> list[Emit]:
-    return [e for e in effects if isinstance(e, Emit)]
+def emits(effects: Iterable[Effect]) -> list[Sse]:
+    """The SSE events among ``effects``, as subscribers see them."""
+    return [sse(e) for e in effects if isinstance(e, Emit)]
 
 
 def reply_to(effects: Iterable[Effect], rid: int) -> Grant | Failure | None:

@@ -15,6 +15,7 @@ import itertools
 from typing import Any
 
 import attrs
+from schedcore_kit import Sse, sse
 
 from troupe.sched import (
     Effect,
@@ -23,6 +24,7 @@ from troupe.sched import (
     Grant,
     ModelConfig,
     ModelView,
+    Phase,
     Prefetch,
     Reply,
     SampleMemory,
@@ -33,6 +35,7 @@ from troupe.sched import (
 )
 from troupe.sched.effects import Reloaded
 from troupe.sched.lru import demand, evictions_needed, pick_victim
+from troupe.sched.reasons import StopCause, StopReason
 
 __all__ = ["CRASH_LIMIT", "CRASH_WINDOW", "REPORTED", "Ask", "Child", "World"]
 
@@ -144,15 +147,19 @@ class World:
     def of_type(self, kind: type) -> list[Any]:
         return [e for e in self.out if isinstance(e, kind)]
 
+    def events(self) -> list[Sse]:
+        """The last step's SSE events, as subscribers see them."""
+        return [sse(e) for e in self.out if isinstance(e, Emit)]
+
     def upstream_events(
         self, model: str, events: tuple[str, ...] = ("model_status", "status_change")
-    ) -> list[Emit]:
+    ) -> list[Sse]:
         """Upstream's SSE events about ``model`` in the last step (a queued request's
         spawn, set off by the same event, announces itself too: left out here)."""
         spawned = {s.model for s in self.of_type(Spawn)}
         return [
             e
-            for e in self.of_type(Emit)
+            for e in self.events()
             if e.model == model
             and e.event in events
             and not (e.event == "model_status" and model in spawned)
@@ -178,7 +185,7 @@ class World:
                     loads_done.append(ask.model)
                 self.on_reply(e)
             elif isinstance(e, Emit):
-                self.on_emit(e)
+                self.on_emit(sse(e))
             elif isinstance(e, Reloaded):
                 self.on_reloaded(e)
             elif isinstance(e, Prefetch):
@@ -200,7 +207,7 @@ class World:
         """The new catalogue is in: no model the reload stopped may still run."""
         assert self.reloading, f"{e} with no reload under way"
         assert e.rid in e.rids, e
-        assert Emit("*", "models_reload") in self.out, self.out
+        assert Sse("*", "models_reload") in self.events(), self.out
         for name in self.restart:
             assert name not in self.children, f"{e} while {name} still runs"
         for name in self.names:
@@ -213,7 +220,7 @@ class World:
         """A Spawn that no POST /models/load answered came from the queue: only the first
         entry not loading yet may claim (arrival order), and it is marked as loading."""
         assert self.core is not None
-        entries = self.core._queue.entries
+        entries = self.core.queue.entries
         for e in self.of_type(Spawn):
             if e.model in loads_done:
                 loads_done.remove(e.model)
@@ -231,17 +238,13 @@ class World:
         """troupe's own SSE events: ``troupe_evict`` with each stop the scheduler decided
         on, ``troupe_queue`` whenever an entry's waiters or position changed."""
         assert self.core is not None
-        evicts = [e for e in self.of_type(Emit) if e.event == "troupe_evict"]
-        decided = [
-            s
-            for s in self.of_type(Stop)
-            if s.reason.startswith(("lru for ", "ttl", "memory", "drain for "))
-        ]
+        evicts = [e for e in self.events() if e.event == "troupe_evict"]
+        decided = [s for s in self.of_type(Stop) if s.cause.reason.is_eviction]
         assert sorted((e.model, (e.data or {}).get("reason")) for e in evicts) == sorted(
-            (s.model, s.reason) for s in decided
+            (s.model, s.cause.describe()) for s in decided
         ), (evicts, decided)
-        now_seen = {e.model: (e.waiters, i + 1) for i, e in enumerate(self.core._queue.entries)}
-        queue_events = {e.model: e.data for e in self.of_type(Emit) if e.event == "troupe_queue"}
+        now_seen = {e.model: (e.waiters, i + 1) for i, e in enumerate(self.core.queue.entries)}
+        queue_events = {e.model: e.data for e in self.events() if e.event == "troupe_queue"}
         changed = {
             m: now_seen.get(m)
             for m in now_seen.keys() | self.queue_seen.keys()
@@ -271,8 +274,8 @@ class World:
         if not delayed:
             self.last_used[e.model] = self.now
         if not delayed:  # upstream's load() says "loading" as it spawns
-            said = [x for x in self.of_type(Emit) if x.model == e.model]
-            assert Emit(e.model, "model_status", {"status": "loading"}) in said, self.out
+            said = [x for x in self.events() if x.model == e.model]
+            assert Sse(e.model, "model_status", {"status": "loading"}) in said, self.out
 
     def on_stop(self, e: Stop) -> None:
         child = self.children.get(e.model)
@@ -310,7 +313,7 @@ class World:
         else:
             assert ask.kind in ("load", "unload", "stop_all", "reload"), (ask, e)
 
-    def on_emit(self, e: Emit) -> None:
+    def on_emit(self, e: Sse) -> None:
         if e.event.startswith("troupe_"):
             return  # checked as a whole by check_troupe_events
         if e.event == "models_reload":
@@ -341,14 +344,14 @@ class World:
         recently used first, and only for a request that still waits and needs a slot."""
         assert self.core is not None
         core = self.core
-        entries = core._queue.entries
+        entries = core.queue.entries
         queued = {e.model for e in entries}
         needy = {
             e.model
             for e in entries
             if not e.loading
-            and (not core._models[e.model].is_running or core._models[e.model].stopping)
-        } | {d.model for d in core._direct.values()}
+            and (not core.table.models[e.model].is_running or core.table.models[e.model].stopping)
+        } | {d.model for d in core.requests.direct.values()}
         snap = core.snapshot().models
         eligible = [
             v
@@ -362,8 +365,8 @@ class World:
         # No more evictions than the queue needs, counting slots the world's way. An
         # eviction for POST /models/load is exempt: upstream's unload_lru evicts whenever
         # the running count, stopping models included, is at the limit.
-        for_loads = {d.victim for d in core._direct.values()}
-        lru = [s for s in issued if s.reason.startswith("lru for ")]
+        for_loads = {d.victim for d in core.requests.direct.values()}
+        lru = [s for s in issued if s.cause.reason is StopReason.LRU]
         by_tick = [s for s in lru if s.model not in for_loads]
         if by_tick:
             stopping = sum(1 for c in self.children.values() if c.stop is not None)
@@ -377,7 +380,7 @@ class World:
                 f"{by_tick} leave {free} slots free for {lacking}; queue={entries}"
             )
         for s in issued:
-            if s.reason.startswith("drain for "):
+            if s.cause.reason is StopReason.DRAIN:
                 # Fair admission: a busy model drained for a starving one, stopped only
                 # once its last request ended, never a pinned one.
                 busy = [r for r, lease in self.leases.items() if lease == (s.model, s.gen)]
@@ -385,25 +388,25 @@ class World:
                 assert not self.configs[s.model].pin, f"pinned model drained: {s}"
                 assert self.core.drain_after is not None, s
                 continue
-            if s.reason.startswith("memory for "):
+            if s.cause.reason is StopReason.MEMORY:
                 busy = [r for r, lease in self.leases.items() if lease == (s.model, s.gen)]
                 assert not busy, f"{s} while requests {busy} are in flight"
                 assert s.model not in queued, f"{s} while requests are queued for it"
                 assert not self.configs[s.model].pin, f"pinned model evicted: {s}"
                 continue
-            if not (s.reason == "ttl" or s.reason.startswith("lru for ")):
+            if not (s.cause == StopCause(StopReason.TTL) or s.cause.reason is StopReason.LRU):
                 continue
             busy = [rid for rid, lease in self.leases.items() if lease == (s.model, s.gen)]
             assert not busy, f"{s} while requests {busy} are in flight"
             assert s.model not in queued, f"{s} while requests are queued for it"
             assert not self.wanted(s.model, ("acquire",)), f"{s} while requests wait for it"
-            if s.reason == "ttl":
+            if s.cause == StopCause(StopReason.TTL):
                 ttl = self.configs[s.model].ttl
                 assert ttl is not None, s
-                assert core._models[s.model].idle_since + ttl <= self.now, s
+                assert core.table.models[s.model].idle_since + ttl <= self.now, s
                 continue
             assert not self.configs[s.model].pin, f"pinned model evicted: {s}"
-            target = s.reason.removeprefix("lru for ")
+            target = s.cause.for_model
             assert self.wanted(target), f"{s} but nobody waits for {target}"
             assert target in needy, f"{s} but {target} needs no slot; queue={entries}"
             victim = snap[s.model]
@@ -417,7 +420,7 @@ class World:
     def victim_key(self, v: ModelView) -> tuple[float, float, str]:
         assert self.core is not None
         fair = self.core.drain_after is not None
-        wanted = demand(self.core._models[v.name], self.now) if fair else 0.0
+        wanted = demand(self.core.table.models[v.name], self.now) if fair else 0.0
         return (wanted, v.last_used, v.name)
 
     def check_nothing_left_undone(self) -> None:
@@ -425,21 +428,21 @@ class World:
         later, unrelated event (no polling, DESIGN principle 3)."""
         assert self.core is not None
         core = self.core
-        entries = core._queue.entries
+        entries = core.queue.entries
         has_slot = core.models_max <= 0 or core.running_count() < core.models_max
-        first = core._queue.next_to_claim()
-        if first is not None and has_slot and not core._reloading:
-            m = core._models[first.model]
+        first = core.queue.next_to_claim()
+        if first is not None and has_slot and not core.changes.reloading:
+            m = core.table.models[first.model]
             held = m.held_until is not None and self.now < m.held_until
-            retry = m.respawn_after_evictions
+            retry = m.phase is Phase.RETRYING
             if m.status is Status.UNLOADED and not m.spawn_pending and not held and not retry:
                 raise AssertionError(f"{first} is next in line and could load now but waits")
-        need = evictions_needed(core._models, core._queue, core.models_max)
+        need = evictions_needed(core.table.models, core.queue, core.models_max)
         if need > 0:
-            victim = pick_victim(core._models, core._queue, now=core._demand_now)
+            victim = pick_victim(core.table.models, core.queue, now=core.clock.demand_now(self.now))
             assert victim is None, f"{need} slots needed and {victim} is idle: {entries}"
-        for rid, d in core._direct.items():
-            if core._reloading:
+        for rid, d in core.requests.direct.items():
+            if core.changes.reloading:
                 continue  # upstream's load() waits for the reload to finish, too
             assert d.victim is not None, f"load {rid} parked with no victim and no reload"
             child = self.children.get(d.victim)
@@ -469,7 +472,7 @@ class World:
         if said_loading:
             assert upstream == [], "loading was announced with the Spawn"
         else:
-            assert upstream == [Emit(model, "model_status", {"status": "loading"})]
+            assert upstream == [Sse(model, "model_status", {"status": "loading"})]
 
     def child_gone(self, model: str, child: Child, code: int, *, oom: bool = False) -> None:
         assert self.core is not None
@@ -477,7 +480,7 @@ class World:
         expected = child.stop is not None
         now = self.tick()
         self.step(self.core.exited(model, child.gen, code, now, expected=expected, oom=oom))
-        if any(s.reason == f"memory for {model}" for s in self.of_type(Stop)):
+        if any(s.cause == StopCause(StopReason.MEMORY, model) for s in self.of_type(Stop)):
             # out of memory while loading: idle models go and the load is tried once more
             assert oom, self.out
             assert not expected, self.out
@@ -488,7 +491,7 @@ class World:
         emitted = self.upstream_events(model, ("status_change",))
         if child.status.is_running:
             assert emitted == [
-                Emit(model, "status_change", {"status": "unloaded", "exit_code": code})
+                Sse(model, "status_change", {"status": "unloaded", "exit_code": code})
             ]
         else:
             assert emitted == []
@@ -498,7 +501,7 @@ class World:
         deadline = self.core.next_deadline()
         assert deadline is None or deadline > self.now, (deadline, self.now)
         for s in self.of_type(Stop):
-            if s.reason.startswith("lru for ") and self.core.drain_after is not None:
+            if s.cause.reason is StopReason.LRU and self.core.drain_after is not None:
                 continue  # the drain timer ended a hold for a model still loading (lru.py)
-            assert s.reason == "ttl", s
+            assert s.cause == StopCause(StopReason.TTL), s
             assert self.configs[s.model].ttl is not None, s

@@ -9,7 +9,9 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from troupe.sched import Effect, Emit, Grant, Reply, SampleMemory, SchedulerCore, Spawn, Stop
+from troupe.sched.events import MemoryWarning
 from troupe.sched.memory import DeviceMemory, MemoryLedger, MemorySample
+from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.table import ModelConfig
 
 MiB = 1 << 20
@@ -61,9 +63,9 @@ class Driver:
                 self.events.append(e)
 
     def sample(self) -> MemorySample:
-        assert self.c.memory is not None
+        assert self.c.ledger is not None
         used = {
-            pid: {"host": (self.c.memory.need(name) or {"host": 80 * MiB})["host"]}
+            pid: {"host": (self.c.ledger.need(name) or {"host": 80 * MiB})["host"]}
             for name, pid in self.pids.items()
         }
         free = self.total - self.other_use - sum(u["host"] for u in used.values())
@@ -90,7 +92,7 @@ def test_two_fit_the_third_evicts_the_least_recently_used_idle_one() -> None:
         d.run(d.c.release(rid, d.now))
     d.run(d.c.acquire(3, "c", d.now))
     assert [s.model for s in d.stops] == ["a"]  # LRU, and only one
-    assert d.stops[0].reason == "memory for c"
+    assert d.stops[0].cause == StopCause(StopReason.MEMORY, "c")
     assert not any(s.model == "c" for s in d.spawns)  # waits until a is gone
     d.exit("a")
     assert any(s.model == "c" for s in d.spawns)
@@ -124,24 +126,26 @@ def test_only_busy_models_left_means_wait_and_nothing_running_means_load_anyway(
     alone = Driver(core({"huge": 5000 * MiB}))
     alone.run(alone.c.acquire(1, "huge", alone.now))
     assert any(s.model == "huge" for s in alone.spawns)  # nothing to give up: loads anyway
-    assert any(e.event == "troupe_memory" and "short" in e.data["warning"] for e in alone.events)  # type: ignore[index]
+    assert any(
+        isinstance(e.event, MemoryWarning) and "short" in e.event.warning for e in alone.events
+    )
 
 
 def test_unknown_need_loads_without_the_check_then_learns() -> None:
     d = Driver(core({"mystery": None, "a": 100 * MiB}))
     d.run(d.c.acquire(1, "mystery", d.now))
     assert any(s.model == "mystery" for s in d.spawns)
-    assert d.c.memory is not None
-    d.c.memory.set_estimate("mystery", {"host": 123 * MiB})  # as if estimated since
+    assert d.c.ledger is not None
+    d.c.ledger.set_estimate("mystery", {"host": 123 * MiB})  # as if estimated since
     d.start("mystery")
     # Read a moment after it is up (its first requests run meanwhile), not at once.
-    assert "mystery" not in d.c.memory.effective
+    assert "mystery" not in d.c.ledger.effective
     due = d.c.next_deadline()
     assert due is not None
     assert due > d.now
     d.now = due
     d.run(d.c.on_time(d.now))  # the true-up learns what it holds
-    assert d.c.memory.effective["mystery"] == {"host": 123 * MiB}
+    assert d.c.ledger.effective["mystery"] == {"host": 123 * MiB}
     assert d.c.next_deadline() is None
 
 
@@ -170,7 +174,7 @@ def swap_to_b(needs: dict[str, int | None], drain_after: float | None) -> Driver
     d.start("a")
     d.run(d.c.release(1, d.now))
     d.run(d.c.acquire(2, "b", d.now))
-    assert [(s.model, s.reason) for s in d.stops] == [("a", "lru for b")]
+    assert [(s.model, s.cause) for s in d.stops] == [("a", StopCause(StopReason.LRU, "b"))]
     return d
 
 
@@ -273,38 +277,38 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(model=st.sampled_from("abcd"))
     def child_comes_up(self, model: str) -> None:
-        m = self.d.c._models[model]
+        m = self.d.c.table.models[model]
         if m.spawn_pending or (m.status.value == "loading" and model not in self.d.pids):
             self.d.start(model)
 
     @rule(model=st.sampled_from("abcd"), crash=st.booleans())
     def child_exits(self, model: str, crash: bool) -> None:
-        m = self.d.c._models[model]
+        m = self.d.c.table.models[model]
         if m.status.is_running and not m.spawn_pending:
             self.d.exit(model, 1 if crash else 0, expected=not crash)
 
     @rule(model=st.sampled_from("abcd"))
     def child_sleeps(self, model: str) -> None:
-        m = self.d.c._models[model]
+        m = self.d.c.table.models[model]
         if m.status.value == "loaded":
             self.d.run(self.d.c.child_state(model, m.gen, "sleeping", {}, self.d.now))
 
     @rule(data=st.data())
     def release_something(self, data: st.DataObject) -> None:
-        leases = sorted(self.d.c._leases)
+        leases = sorted(self.d.c.requests.leases)
         if leases:
             self.d.run(self.d.c.release(data.draw(st.sampled_from(leases)), self.d.now))
 
     @invariant()
     def held_is_each_holder_once(self) -> None:
         c = self.d.c
-        assert c.memory is not None
-        holders = c._memory_holders()
-        held = c.memory.held(holders).get("host", 0)
-        expected = sum((c.memory.need(n) or {}).get("host", 0) for n in holders)
+        assert c.ledger is not None
+        holders = c.table.memory_holders()
+        held = c.ledger.held(holders).get("host", 0)
+        expected = sum((c.ledger.need(n) or {}).get("host", 0) for n in holders)
         assert held == expected
         assert held >= 0
-        for name, m in c._models.items():
+        for name, m in c.table.models.items():
             if not m.status.is_running:
                 assert name not in holders  # a crash or an exit releases everything
 
@@ -313,14 +317,14 @@ class LedgerMachine(RuleBasedStateMachine):
         # Fair admission starts a model beside an idle one told to exit (see settle's
         # _starts_beside_leaving); then what every holder needs must fit with the margin.
         c = self.d.c
-        assert c.memory is not None
-        staying = [m for m in c._models.values() if m.is_running and not m.stopping]
+        assert c.ledger is not None
+        staying = [m for m in c.table.models.values() if m.is_running and not m.stopping]
         assert len(staying) <= c.models_max
         if c.running_count() <= c.models_max:
             return
         assert c.drain_after is not None  # upstream: a stopping model holds its slot
-        needed = sum((c.memory.need(n) or {}).get("host", 0) for n in c._memory_holders())
-        assert needed + 50 * MiB + self.d.other_use <= self.d.total, c._memory_holders()
+        needed = sum((c.ledger.need(n) or {}).get("host", 0) for n in c.table.memory_holders())
+        assert needed + 50 * MiB + self.d.other_use <= self.d.total, c.table.memory_holders()
 
 
 TestLedgerMachine = LedgerMachine.TestCase

@@ -7,6 +7,7 @@ from schedcore_kit import Bench, spawns, stops
 
 from troupe.sched import Effect, Prefetch, Stop
 from troupe.sched.lru import HOLD_FOR, demand
+from troupe.sched.reasons import StopCause, StopReason
 
 
 def popular_and_rare(b: Bench) -> None:
@@ -47,7 +48,7 @@ def test_a_popular_model_idle_for_a_moment_is_not_evicted_while_a_rare_one_can_g
         b.acquire(b.rid(), "a")  # a is in demand: eight requests wait for it
     assert stops(b.release(busy_b)) == []  # b idle for a moment: kept
     (stop,) = stops(b.release(rare))  # c done: it goes for a
-    assert stop == Stop("c", b.gen["c"], kill=False, reason="lru for a")
+    assert stop == Stop("c", b.gen["c"], kill=False, cause=StopCause(StopReason.LRU, "a"))
     out = b.finish_stop(stop)
     assert [s.model for s in spawns(out)] == ["a"]
     assert b.view("b").status.value == "loaded"
@@ -68,7 +69,7 @@ def test_a_busy_model_with_under_half_the_demand_is_waited_for_and_others_are_no
                 b.release(b.lease("b"))
         busy_b = b.lease("b")
         busy_a = b.lease("a")
-        more, less = b.core._models["a"], b.core._models["b"]
+        more, less = b.core.table.models["a"], b.core.table.models["b"]
         assert (demand(less, b.now) * HOLD_FOR < demand(more, b.now)) is held  # the premise
         assert stops(b.acquire(b.rid(), "c")) == []  # both busy
         evicted = stops(b.release(busy_a))
@@ -95,7 +96,7 @@ def test_the_wait_for_the_rare_model_is_bounded_by_the_drain_timer() -> None:
     b.core.on_time(deadline)
     assert b.view("c").draining_for == "a"  # the least demanded busy model, not b
     (stop,) = stops(b.release(rare))
-    assert stop.reason == "drain for a"
+    assert stop.cause == StopCause(StopReason.DRAIN, "a")
     assert [s.model for s in spawns(b.finish_stop(stop))] == ["a"]
 
 
@@ -114,7 +115,7 @@ def test_a_hold_for_a_model_that_is_still_loading_ends_with_the_drain_timer() ->
     deadline = b.core.next_deadline()
     assert deadline is not None
     (stop,) = stops(b.on_time(deadline))
-    assert stop == Stop("a", b.gen["a"], kill=False, reason="lru for b")
+    assert stop == Stop("a", b.gen["a"], kill=False, cause=StopCause(StopReason.LRU, "b"))
 
 
 def prefetches(b: Bench, effects: list[Effect]) -> list[str]:

@@ -3,9 +3,10 @@ is busy waits a bounded time, then the busy model with the least demand is drain
 
 from __future__ import annotations
 
-from schedcore_kit import Bench, answered, grant_of, spawns, stops
+from schedcore_kit import Bench, Sse, answered, emits, grant_of, spawns, stops
 
-from troupe.sched import Emit, ModelConfig, Spawn, Stop
+from troupe.sched import ModelConfig, Spawn, Stop
+from troupe.sched.reasons import StopCause, StopReason
 
 
 def starving_b(b: Bench) -> tuple[int, int]:
@@ -30,21 +31,21 @@ def test_a_starving_model_gets_the_slot_of_the_lru_busy_model_after_the_bound() 
     deadline = b.core.next_deadline()
     assert deadline == b.now + 3.0
     out = b.core.on_time(deadline)
-    assert Emit("a", "troupe_drain", {"for": "b", "in_flight": 1}) in out
+    assert Sse("a", "troupe_drain", {"for": "b", "in_flight": 1}) in emits(out)
     assert b.view("a").draining_for == "b"
     assert stops(out) == []  # its request in flight finishes first
     wa = b.rid()
     assert b.acquire(wa, "a") == []  # no new lease: it queues behind b, in arrival order
     assert b.core.snapshot().queue == (("b", 1), ("a", 1))
     (stop,) = stops(b.release(lease))
-    assert stop == Stop("a", 1, kill=False, reason="drain for b")
+    assert stop == Stop("a", 1, kill=False, cause=StopCause(StopReason.DRAIN, "b"))
     assert spawns(b.finish_stop(stop)) == [Spawn("b", 1, 0.0)]
     b.spawned("b")
     out = b.ready("b")
     assert answered(out) == {wb}
     # b serves what was queued for it, then gives the slot back to a's request.
     (stop,) = stops(b.release(wb))
-    assert stop.reason == "lru for a"
+    assert stop.cause == StopCause(StopReason.LRU, "a")
     assert spawns(b.finish_stop(stop)) == [Spawn("a", 2, 0.0)]
     b.spawned("a")
     assert grant_of(b.ready("a"), wa).model == "a"
@@ -56,7 +57,7 @@ def test_a_pinned_busy_model_is_never_drained() -> None:
     starving_b(b)
     out = b.core.on_time(b.core.next_deadline() or 0.0)
     assert b.view("a").draining_for is None
-    assert [e for e in out if isinstance(e, Emit) and e.event == "troupe_drain"] == []
+    assert [e for e in emits(out) if e.event == "troupe_drain"] == []
 
 
 def test_the_drain_is_called_off_when_the_starving_request_leaves() -> None:
@@ -102,7 +103,7 @@ def test_the_drained_models_own_waiters_get_an_idle_models_slot_in_the_same_step
     grant_of(b.ready("c"), wc)
     assert stops(b.release(wc)) == []  # c idle: nobody needs its slot yet
     out = b.release(busy)
-    assert [(s.model, s.reason) for s in stops(out)] == [
-        ("a", "drain for b"),
-        ("c", "lru for a"),
+    assert [(s.model, s.cause) for s in stops(out)] == [
+        ("a", StopCause(StopReason.DRAIN, "b")),
+        ("c", StopCause(StopReason.LRU, "a")),
     ]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from schedcore_kit import Bench, emits
-
-from troupe.sched import Emit
+from schedcore_kit import Bench, Sse, emits
 
 PROGRESS = {"stages": ["text_model"], "current": "text_model", "value": 0.25}
 INFO = {"id": "a", "object": "model", "owned_by": "llamacpp"}
@@ -15,7 +13,7 @@ def test_spawn_emits_model_status_loading_once() -> None:
     # when the child is up, but once, and before any status_change.
     b = Bench()
     out = b.acquire(b.rid(), "a") + b.spawned("a")
-    assert emits(out) == [Emit("a", "model_status", {"status": "loading"})]
+    assert emits(out) == [Sse("a", "model_status", {"status": "loading"})]
 
 
 def test_loading_payload_is_sent_as_progress() -> None:
@@ -23,7 +21,7 @@ def test_loading_payload_is_sent_as_progress() -> None:
     b.acquire(b.rid(), "a")
     b.spawned("a")
     assert emits(b.state("a", "loading", PROGRESS)) == [
-        Emit("a", "status_change", {"status": "loading", "progress": PROGRESS})
+        Sse("a", "status_change", {"status": "loading", "progress": PROGRESS})
     ]
     assert b.view("a").progress == PROGRESS
 
@@ -33,7 +31,7 @@ def test_loading_without_payload_has_no_progress() -> None:
     b.acquire(b.rid(), "a")
     b.spawned("a")
     assert emits(b.state("a", "loading", None)) == [
-        Emit("a", "status_change", {"status": "loading"})
+        Sse("a", "status_change", {"status": "loading"})
     ]
 
 
@@ -42,7 +40,7 @@ def test_ready_with_a_payload_carries_info() -> None:
     b.acquire(b.rid(), "a")
     b.spawned("a")
     assert emits(b.state("a", "ready", INFO)) == [
-        Emit("a", "status_change", {"status": "loaded", "info": INFO})
+        Sse("a", "status_change", {"status": "loaded", "info": INFO})
     ]
     assert b.view("a").loaded_info == INFO
 
@@ -53,14 +51,14 @@ def test_ready_after_a_wake_has_no_info_and_keeps_the_old_one() -> None:
     b.spawned("a")
     b.state("a", "ready", INFO)
     assert emits(b.state("a", "sleeping", {})) == [
-        Emit("a", "status_change", {"status": "sleeping"})
+        Sse("a", "status_change", {"status": "sleeping"})
     ]
     assert emits(b.state("a", "loading", PROGRESS)) == [
-        Emit("a", "status_change", {"status": "loading", "progress": PROGRESS})
+        Sse("a", "status_change", {"status": "loading", "progress": PROGRESS})
     ]
     for payload in ({}, None):
         assert emits(b.state("a", "ready", payload)) == [
-            Emit("a", "status_change", {"status": "loaded"})
+            Sse("a", "status_change", {"status": "loaded"})
         ]
     assert b.view("a").loaded_info == INFO
 
@@ -69,11 +67,11 @@ def test_exit_emits_unloaded_with_its_exit_code() -> None:
     b = Bench()
     b.bring_up("a")
     assert emits(b.exited("a", 1, expected=False)) == [
-        Emit("a", "status_change", {"status": "unloaded", "exit_code": 1})
+        Sse("a", "status_change", {"status": "unloaded", "exit_code": 1})
     ]
     b.bring_up("a")
     assert emits(b.exited("a", 0)) == [
-        Emit("a", "status_change", {"status": "unloaded", "exit_code": 0})
+        Sse("a", "status_change", {"status": "unloaded", "exit_code": 0})
     ]
 
 
@@ -102,8 +100,8 @@ def test_spawn_that_never_started_reads_as_a_failed_load() -> None:
     said = emits(out)
     if said:
         assert said == [
-            Emit("a", "model_status", {"status": "loading"}),
-            Emit("a", "status_change", {"status": "unloaded", "exit_code": 1}),
+            Sse("a", "model_status", {"status": "loading"}),
+            Sse("a", "status_change", {"status": "unloaded", "exit_code": 1}),
         ]
     assert b.view("a").failed
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from schedcore_kit import Bench, answered, emits, failure_of, grant_of, reply_to, spawns, stops
+from schedcore_kit import Bench, Sse, answered, emits, failure_of, grant_of, reply_to, spawns, stops
 
-from troupe.sched import Emit, ModelConfig, Reply, Spawn, Status, Stop
+from troupe.sched import ModelConfig, Reply, Spawn, Status, Stop
+from troupe.sched.reasons import StopCause, StopReason
 
 # ----- TTL -----------------------------------------------------------------------------
 
@@ -31,7 +32,7 @@ def test_on_time_stops_an_idle_model_after_its_ttl() -> None:
     assert deadline is not None
     assert b.on_time(deadline - 0.001) == []
     out = b.on_time(deadline)
-    assert stops(out) == [Stop("a", 1, kill=False, reason="ttl")]
+    assert stops(out) == [Stop("a", 1, kill=False, cause=StopCause(StopReason.TTL))]
     assert b.view("a").last_eviction == "ttl"
     assert b.core.next_deadline() is None
     assert b.on_time(deadline + 100) == []  # once only
@@ -47,7 +48,7 @@ def test_ttl_counts_from_the_last_release() -> None:
     released_at = b.now
     assert b.core.next_deadline() == released_at + 30.0
     assert b.on_time(released_at + 29) == []
-    assert [s.reason for s in stops(b.on_time(released_at + 30))] == ["ttl"]
+    assert [s.cause for s in stops(b.on_time(released_at + 30))] == [StopCause(StopReason.TTL)]
 
 
 def test_ttl_never_stops_a_model_with_a_request_in_flight() -> None:
@@ -76,7 +77,7 @@ def test_sleeping_model_also_expires() -> None:
     b = Bench([ModelConfig("a", ttl=5.0)])
     b.bring_up("a")
     b.state("a", "sleeping", {})
-    assert [s.reason for s in stops(b.on_time(b.now + 6))] == ["ttl"]
+    assert [s.cause for s in stops(b.on_time(b.now + 6))] == [StopCause(StopReason.TTL)]
 
 
 # ----- crash loop ----------------------------------------------------------------------
@@ -189,7 +190,7 @@ def test_stop_all_fails_waiters_stops_everything_and_replies_once_none_runs() ->
     assert done not in answered(out)
     by_model = {s.model: s for s in stops(out)}
     assert set(by_model) == {"a"}  # b was already stopping for c
-    assert by_model["a"] == Stop("a", 1, kill=False, reason="shutdown")
+    assert by_model["a"] == Stop("a", 1, kill=False, cause=StopCause(StopReason.SHUTDOWN))
     assert b.core.snapshot().queue == ()
     assert done not in answered(b.finish_stop(by_model["a"]))
     assert done not in answered(b.release(lease_a))
@@ -208,8 +209,8 @@ def test_stop_all_kills_models_still_loading_and_pending_spawns() -> None:
     out = b.stop_all(done)
     assert failure_of(out, w).status == 503
     assert sorted(stops(out), key=lambda s: s.model) == [
-        Stop("a", 1, kill=True, reason="shutdown"),
-        Stop("b", 1, kill=True, reason="shutdown"),
+        Stop("a", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN)),
+        Stop("b", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN)),
     ]
     b.exited("a", 1)
     out = b.exited("b", 1)  # the pending spawn is cancelled
@@ -246,7 +247,7 @@ def test_fake_timing_delays_queued_loads_only() -> None:
     out = b.acquire(b.rid(), "a")
     assert spawns(out) == [Spawn("a", 1, 2.0)]
     assert b.status("a") is Status.UNLOADED  # upstream is still asleep in load()
-    assert emits(b.spawned("a")) == [Emit("a", "model_status", {"status": "loading"})]
+    assert emits(b.spawned("a")) == [Sse("a", "model_status", {"status": "loading"})]
     assert b.status("a") is Status.LOADING
     out = b.load(b.rid(), "b")
     assert spawns(out) == [Spawn("b", 1, 0.0)]
@@ -257,7 +258,7 @@ def test_stop_all_waits_for_a_delayed_spawn_to_be_called_off() -> None:
     b.acquire(b.rid(), "a")
     done = b.rid()
     out = b.stop_all(done)
-    assert stops(out) == [Stop("a", 1, kill=True, reason="shutdown")]
+    assert stops(out) == [Stop("a", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN))]
     assert done not in answered(out)
     out = b.exited("a", 1)
     assert reply_to(out, done) is None

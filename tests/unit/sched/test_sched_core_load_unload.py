@@ -5,6 +5,7 @@ from __future__ import annotations
 from schedcore_kit import Bench, answered, failure_of, grant_of, reply_to, spawns, stops
 
 from troupe.sched import Failure, ModelConfig, Spawn, Status, Stop
+from troupe.sched.reasons import StopCause, StopReason
 
 
 def test_load_unknown_model_is_404() -> None:
@@ -96,7 +97,7 @@ def test_load_evicts_the_lru_model_and_spawns_only_after_the_victim_exits() -> N
     b.bring_up("b")
     rid = b.rid()
     out = b.load(rid, "c")
-    assert stops(out) == [Stop("a", 1, kill=False, reason="lru for c")]
+    assert stops(out) == [Stop("a", 1, kill=False, cause=StopCause(StopReason.LRU, "c"))]
     assert spawns(out) == []
     assert rid not in answered(out)  # it blocks until the victim is gone
     # the victim's progress does not unblock it; only its exit does
@@ -168,7 +169,7 @@ def test_unload_of_a_loading_model_kills_it() -> None:
     rid = b.rid()
     out = b.unload(rid, "a")
     assert reply_to(out, rid) is None
-    assert stops(out) == [Stop("a", 1, kill=True, reason="unload request")]
+    assert stops(out) == [Stop("a", 1, kill=True, cause=StopCause(StopReason.UNLOAD))]
     b.exited("a", 1)  # SIGKILL is reported as 1
     assert b.view("a").failed
 
@@ -179,7 +180,7 @@ def test_unload_of_a_loaded_model_stops_it_gracefully() -> None:
     rid = b.rid()
     out = b.unload(rid, "a")
     assert reply_to(out, rid) is None  # answered without waiting for the exit
-    assert stops(out) == [Stop("a", 1, kill=False, reason="unload request")]
+    assert stops(out) == [Stop("a", 1, kill=False, cause=StopCause(StopReason.UNLOAD))]
     assert b.view("a").stopping
     assert b.status("a") is Status.LOADED
 
@@ -188,14 +189,18 @@ def test_unload_of_a_sleeping_model_stops_it_gracefully() -> None:
     b = Bench()
     b.bring_up("a")
     b.state("a", "sleeping", {})
-    assert stops(b.unload(b.rid(), "a")) == [Stop("a", 1, kill=False, reason="unload request")]
+    assert stops(b.unload(b.rid(), "a")) == [
+        Stop("a", 1, kill=False, cause=StopCause(StopReason.UNLOAD))
+    ]
 
 
 def test_unload_of_a_busy_model_stops_it_anyway() -> None:
     b = Bench()
     b.bring_up("a")
     b.lease("a")
-    assert stops(b.unload(b.rid(), "a")) == [Stop("a", 1, kill=False, reason="unload request")]
+    assert stops(b.unload(b.rid(), "a")) == [
+        Stop("a", 1, kill=False, cause=StopCause(StopReason.UNLOAD))
+    ]
 
 
 def test_stop_is_idempotent() -> None:
@@ -230,7 +235,7 @@ def test_unload_right_after_load_stops_the_model() -> None:
     r2 = b.rid()
     out = b.unload(r2, "a")
     assert reply_to(out, r2) is None
-    assert stops(out) == [Stop("a", 1, kill=True, reason="unload request")]
+    assert stops(out) == [Stop("a", 1, kill=True, cause=StopCause(StopReason.UNLOAD))]
 
 
 def test_load_during_shutdown_is_refused() -> None:

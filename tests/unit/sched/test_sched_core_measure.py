@@ -56,7 +56,7 @@ def test_a_failed_measurement_falls_back_to_the_estimate_and_is_tried_after_a_lo
     assert [s.model for s in spawns(out)] == ["a"]
     b.spawned("a")
     b.ready("a")
-    assert "a" in b.core._measure.todo  # type: ignore[union-attr]  # tried once more
+    assert "a" in b.core.measure.todo  # type: ignore[union-attr]  # tried once more
 
 
 def test_a_stale_result_is_ignored_and_a_changed_model_is_measured_again() -> None:
@@ -70,7 +70,7 @@ def test_a_stale_result_is_ignored_and_a_changed_model_is_measured_again() -> No
     out = b.core.reload(b.rid(), [], changed, b.tick())
     assert CancelMeasure("b") in out  # b left the catalogue while measured
     assert b.view("a").memory_source == "estimate"  # its old projection does not hold
-    assert b.core._measure.pending("a")  # type: ignore[union-attr]
+    assert b.core.measure.pending("a")  # type: ignore[union-attr]
 
 
 def test_projections_start_when_the_scheduler_starts_not_at_the_first_request() -> None:

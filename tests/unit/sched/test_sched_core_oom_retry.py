@@ -8,6 +8,7 @@ from schedcore_kit import Bench, answered, reply_to, spawns, stops
 
 from troupe.sched import ModelConfig, Spawn, Stop
 from troupe.sched.effects import Reloaded
+from troupe.sched.reasons import StopCause, StopReason
 
 
 def _oom_while_b_idle(b: Bench) -> int:
@@ -17,7 +18,7 @@ def _oom_while_b_idle(b: Bench) -> int:
     b.acquire(w, "a")
     b.spawned("a")
     out = b._seen(b.core.exited("a", b.gen["a"], 1, b.tick(), expected=False, oom=True))
-    assert stops(out) == [Stop("b", 1, kill=False, reason="memory for a")]
+    assert stops(out) == [Stop("b", 1, kill=False, cause=StopCause(StopReason.MEMORY, "a"))]
     assert w not in answered(out)  # it waits for the second try
     return w
 

@@ -7,6 +7,7 @@ import pytest
 from schedcore_kit import Bench, answered, failure_of, grant_of, reply_to, spawns, stops
 
 from troupe.sched import Spawn, Stop
+from troupe.sched.reasons import StopCause, StopReason
 
 
 @pytest.mark.parametrize("fake_timing", [False, True])
@@ -63,7 +64,7 @@ def test_eviction_reason_names_the_entry_that_needs_the_slot() -> None:
     wa, wb = b.rid(), b.rid()
     assert [s.model for s in spawns(b.acquire(wa, "a"))] == ["a"]  # a claims the free slot
     out = b.acquire(wb, "b")  # b needs c's slot
-    assert stops(out) == [Stop("c", 1, kill=False, reason="lru for b")]
+    assert stops(out) == [Stop("c", 1, kill=False, cause=StopCause(StopReason.LRU, "b"))]
 
 
 def test_queued_request_for_a_model_a_direct_load_started_evicts_nothing() -> None:
@@ -123,7 +124,7 @@ def test_next_entry_loads_as_soon_as_the_entry_ahead_empties() -> None:
     assert spawns(out) == []  # x is busy: its slot is not free yet
     assert stops(b.release(wx1)) == []
     (stop,) = stops(b.release(wx2))
-    assert (stop.model, stop.reason) == ("x", "lru for y")
+    assert (stop.model, stop.cause) == ("x", StopCause(StopReason.LRU, "y"))
     assert spawns(b.finish_stop(stop)) == [Spawn("y", 1, 0.0)]
 
 

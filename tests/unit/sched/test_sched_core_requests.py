@@ -14,6 +14,7 @@ from schedcore_kit import (
 )
 
 from troupe.sched import Failure, Grant, ModelConfig, Spawn, Status, Stop
+from troupe.sched.reasons import StopCause, StopReason
 
 
 def test_loaded_model_is_granted_at_once() -> None:
@@ -66,7 +67,7 @@ def test_busy_model_is_evicted_only_once_idle_and_the_next_spawns_after_its_exit
     assert out == []  # a is busy: nothing can go yet
     assert b.view("b").queue_position == 1
     out = b.release(lease_a)
-    assert stops(out) == [Stop("a", 1, kill=False, reason="lru for b")]
+    assert stops(out) == [Stop("a", 1, kill=False, cause=StopCause(StopReason.LRU, "b"))]
     assert spawns(out) == []
     assert b.view("a").last_eviction == "lru for b"
     # the stopping model still holds the only slot
@@ -88,14 +89,14 @@ def test_models_queued_behind_a_busy_one_load_in_arrival_order() -> None:
     assert b.acquire(wc, "c") == []
     assert b.core.snapshot().queue == (("b", 1), ("c", 1))
     (stop_a,) = stops(b.release(lease_a))
-    assert stop_a.reason == "lru for b"
+    assert stop_a.cause == StopCause(StopReason.LRU, "b")
     out = b.finish_stop(stop_a)
     assert [s.model for s in spawns(out)] == ["b"]  # only the head loads
     b.spawned("b")
     assert grant_of(b.ready("b"), wb).model == "b"
     assert b.core.snapshot().queue == (("c", 1),)
     (stop_b,) = stops(b.release(wb))
-    assert stop_b == Stop("b", 1, kill=False, reason="lru for c")
+    assert stop_b == Stop("b", 1, kill=False, cause=StopCause(StopReason.LRU, "c"))
     out = b.finish_stop(stop_b)
     assert [s.model for s in spawns(out)] == ["c"]
     b.spawned("c")
@@ -148,7 +149,7 @@ def test_slot_freed_for_a_departed_waiter_goes_to_the_next_entry() -> None:
     b.bring_up("a")
     wb, wc = b.rid(), b.rid()
     (stop_a,) = stops(b.acquire(wb, "b"))
-    assert stop_a.reason == "lru for b"
+    assert stop_a.cause == StopCause(StopReason.LRU, "b")
     assert b.acquire(wc, "c") == []
     assert b.release(wb) == []  # b's waiter gives up; the eviction is already under way
     out = b.finish_stop(stop_a)
@@ -313,7 +314,7 @@ def test_pinned_model_is_never_chosen_as_victim() -> None:
     w = b.rid()
     (stop,) = stops(b.acquire(w, "c"))
     assert stop.model == "b"
-    assert stop.reason == "lru for c"
+    assert stop.cause == StopCause(StopReason.LRU, "c")
 
 
 def test_waiters_wait_when_only_pinned_or_busy_models_remain() -> None:
@@ -354,7 +355,7 @@ def test_sleeping_model_can_be_evicted() -> None:
     b.bring_up("a")
     b.state("a", "sleeping", {})
     (stop,) = stops(b.acquire(b.rid(), "b"))
-    assert stop == Stop("a", 1, kill=False, reason="lru for b")
+    assert stop == Stop("a", 1, kill=False, cause=StopCause(StopReason.LRU, "b"))
 
 
 def test_models_still_loading_are_never_evicted() -> None:
@@ -368,7 +369,7 @@ def test_models_still_loading_are_never_evicted() -> None:
     assert grant_of(out, wa).model == "a"
     assert stops(out) == []  # a is busy now
     (stop,) = stops(b.release(wa))
-    assert stop.reason == "lru for b"
+    assert stop.cause == StopCause(StopReason.LRU, "b")
 
 
 def test_waiter_release_is_silent_and_never_answered_later() -> None:

@@ -32,10 +32,10 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from schedcore_kit import Sse
 from schedcore_world import CRASH_LIMIT, CRASH_WINDOW, REPORTED, World
 
 from troupe.sched import (
-    Emit,
     Failure,
     Grant,
     ModelConfig,
@@ -44,6 +44,7 @@ from troupe.sched import (
     Status,
     Stop,
 )
+from troupe.sched.reasons import StopCause, StopReason
 
 NAMES = ("m0", "m1", "m2", "m3", "m4")
 LOADING_PAYLOADS = st.sampled_from(
@@ -226,7 +227,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             elif r:
                 assert r == [Failure.server_error("model limit reached, try again later")]
             else:
-                assert [s.reason for s in self.of_type(Stop)] == [f"lru for {model}"]
+                assert [s.cause for s in self.of_type(Stop)] == [StopCause(StopReason.LRU, model)]
             return
         had_stop = child is not None and child.stop is not None
         self.step(self.core.unload(rid, model, self.tick()))
@@ -242,7 +243,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             assert r == [None], r
             if not had_stop:
                 assert len(stops) == 1, stops
-                assert (stops[0].model, stops[0].reason) == (model, "unload request")
+                assert (stops[0].model, stops[0].cause) == (model, StopCause(StopReason.UNLOAD))
             else:
                 assert stops == []
 
@@ -303,7 +304,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             data["progress"] = payload
         if state == "ready" and payload:
             data["info"] = payload
-        assert self.upstream_events(model) == [Emit(model, "status_change", data)]
+        assert self.upstream_events(model) == [Sse(model, "status_change", data)]
 
     @precondition(lambda self: any(g >= 2 for g in self.gen.values()))
     @rule(
@@ -343,8 +344,8 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         self.step(self.core.reload(rid, names, list(self.configs.values()), self.tick()))
         # (an eviction that time made possible may come with it: check_stops checks those)
         assert {
-            (s.model, s.reason) for s in self.of_type(Stop) if s.reason == "preset changed"
-        } == {(n, "preset changed") for n in to_stop}
+            s.model for s in self.of_type(Stop) if s.cause == StopCause(StopReason.RELOAD)
+        } == set(to_stop)
         if not any(n in self.children for n in self.restart):
             assert not self.reloading, "nothing to wait for, yet the reload is not done"
 
@@ -373,7 +374,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
     def running_within_limit(self) -> None:
         if self.core is None:
             return
-        core_running = {n for n, m in self.core._models.items() if m.is_running}
+        core_running = {n for n, m in self.core.table.models.items() if m.is_running}
         assert core_running == set(self.children), (core_running, self.children)
         assert self.core.running_count() == len(self.children)
         if self.models_max > 0:
@@ -383,7 +384,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
     def queue_is_fifo(self) -> None:
         if self.core is None:
             return
-        entries = list(self.core._queue.entries)
+        entries = list(self.core.queue.entries)
         ids = [id(e) for e in entries]
         survivors = [id(e) for e in self.prev_entries if id(e) in ids]
         assert ids[: len(survivors)] == survivors, "queue entries changed order"
@@ -399,23 +400,25 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         core = self.core
         acquiring = {r for r, a in self.waiting.items() if a.kind == "acquire"}
         loading = {r for r, a in self.waiting.items() if a.kind == "load"}
-        assert set(core._waiters) == acquiring, (core._waiters, acquiring)
-        assert set(core._direct) == loading, (core._direct, loading)
-        assert set(core._leases) == set(self.leases)
-        for rid, w in core._waiters.items():
+        assert set(core.requests.waiters) == acquiring, (core.requests.waiters, acquiring)
+        assert set(core.requests.direct) == loading, (core.requests.direct, loading)
+        assert set(core.requests.leases) == set(self.leases)
+        for rid, w in core.requests.waiters.items():
             assert w.model == self.waiting[rid].model
-        for e in core._queue.entries:
-            queued = [r for r, w in core._waiters.items() if w.queued and w.model == e.model]
+        for e in core.queue.entries:
+            queued = [
+                r for r, w in core.requests.waiters.items() if w.queued and w.model == e.model
+            ]
             assert e.waiters == len(queued), (e, queued)
-        for rid, w in core._waiters.items():
+        for rid, w in core.requests.waiters.items():
             if w.queued:
-                assert core._queue.find(w.model) is not None, (rid, w)
+                assert core.queue.find(w.model) is not None, (rid, w)
 
     @invariant()
     def in_flight_counts_live_leases(self) -> None:
         if self.core is None:
             return
-        for name, m in self.core._models.items():
+        for name, m in self.core.table.models.items():
             if m.status.is_running:
                 live = sum(1 for lease in self.leases.values() if lease == (name, m.gen))
                 assert m.in_flight == live, (name, m.in_flight, live)
@@ -427,13 +430,13 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         if self.core is None:
             return
         snap = self.core.snapshot()
-        entries = self.core._queue.entries
+        entries = self.core.queue.entries
         assert snap.queue == tuple((e.model, e.waiters) for e in entries)
         assert snap.models_max == self.models_max
         assert snap.running == sum(1 for c in self.children.values() if c.status.is_running)
         assert list(snap.models) == sorted(self.names)
         for name, v in snap.models.items():
-            m = self.core._models[name]
+            m = self.core.table.models[name]
             child = self.children.get(name)
             if child is not None:
                 assert v.status is child.status, (name, v.status, child)
@@ -498,7 +501,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             full = self.models_max > 0 and len(running) >= self.models_max
             assert full, (
                 f"requests {stuck} still wait with free slots; running={running}, "
-                f"queue={self.core._queue.entries}"
+                f"queue={self.core.queue.entries}"
             )
             assert all(self.configs[m].pin for m in running), (
                 f"requests {stuck} still wait though {running} could be evicted"

@@ -1,0 +1,157 @@
+"""Memory admission: what the children hold, how fresh the last reading is, and whether
+a model fits now.
+
+A reading is *fresh* while nothing that changes memory use (a spawn, a ready, an exit)
+happened since it was asked for, and *conservative* while only releases happened
+since (it understates what is free, so a model it admits still fits). The core asks
+for a reading through `ask` (a `SampleMemory` effect), answers with `took` or
+`could_not_read`, and asks `verdict` before a load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import attrs
+
+from troupe.sched.effects import SampleMemory
+from troupe.sched.memory import MemoryLedger, MemorySample
+from troupe.sched.status import Status
+from troupe.sched.table import ModelState
+
+__all__ = ["TRUE_UP_DELAY", "Admit", "Evict", "MemoryAdmission", "Verdict", "Wait"]
+
+TRUE_UP_DELAY = 0.5  # seconds after a child is ready before it is read (unless sooner)
+
+
+@attrs.frozen
+class Admit:
+    warning: str | None = None  # loads although the check did not pass (and why)
+
+
+@attrs.frozen
+class Wait:
+    pass
+
+
+@attrs.frozen
+class Evict:
+    victim: str  # one eviction at a time; the load waits for it
+
+
+Verdict = Admit | Wait | Evict
+
+
+class MemoryAdmission:
+    def __init__(self, ledger: MemoryLedger) -> None:
+        self.ledger = ledger
+        self.sample: MemorySample | None = None
+        self._version = 0  # bumped by every change that may move memory use
+        self._grown = 0  # the last change that may have taken memory (not an exit)
+        self._sampled = -1  # the version the current sample was asked for at
+        self._failed = -1  # a reading of this version could not be made
+        self._asking = False
+        # A child that came up is read again a moment later, not at once: its first
+        # requests run then, and a reading competes with them for the CPU.
+        self._true_up_due: float | None = None
+        self._true_up_version = 0  # a reading of this version or later does it
+
+    # ----- what changed ---------------------------------------------------------------------
+
+    def changed(self, *, released: bool = False) -> None:
+        """``released``: a child exited or went to sleep, so memory can only have come back."""
+        self._version += 1
+        if not released:
+            self._grown = self._version
+
+    def came_up(self, now: float) -> None:
+        """A child is ready: learn what it really holds, soon."""
+        self._true_up_due = now + TRUE_UP_DELAY
+        self._true_up_version = self._version
+
+    # ----- readings -------------------------------------------------------------------------
+
+    def fresh(self) -> bool:
+        return self.sample is not None and self._sampled == self._version
+
+    def conservative(self) -> bool:
+        return self.sample is not None and self._grown <= self._sampled
+
+    def ask(self, pids: tuple[int, ...]) -> SampleMemory | None:
+        """The reading to take now, unless one is under way."""
+        if self._asking:
+            return None
+        self._asking = True
+        return SampleMemory(pids, self._version)
+
+    def took(self, sample: MemorySample, version: int, models: Iterable[ModelState]) -> None:
+        """The reading asked for at ``version``: what each loaded child holds, from now on."""
+        self._asking = False
+        self.sample = sample
+        self._sampled = version
+        if version >= self._true_up_version:
+            self._true_up_due = None  # this reading trues up every model up by then
+        for m in models:
+            used = sample.footprint.get(m.pid) if m.pid else None
+            if used and m.status is Status.LOADED and not m.stopping:
+                self.ledger.true_up(m.name, used)
+
+    def could_not_read(self, version: int) -> None:
+        self._asking = False
+        self._failed = version
+
+    def deadline(self) -> float | None:
+        return self._true_up_due
+
+    def true_up_due(self, now: float) -> bool:
+        """Is the delayed reading after a ready due? (Then it is no longer pending.)"""
+        if self._true_up_due is not None and now >= self._true_up_due:
+            self._true_up_due = None
+            return True
+        return False
+
+    # ----- admission ------------------------------------------------------------------------
+
+    def fits_now(self, name: str, holders: Mapping[str, int]) -> bool | None:
+        """On a reading with nothing started since: does ``name`` fit beside ``holders``?
+        None when there is no such reading (ask for one)."""
+        if not (self.fresh() or self.conservative()):
+            return None
+        assert self.sample is not None
+        return not self.ledger.deficit(name, self.sample, holders)
+
+    def verdict(
+        self,
+        name: str,
+        holders: Mapping[str, int],
+        *,
+        stopping: bool,
+        victim: Callable[[], str | None],
+    ) -> tuple[Verdict, bool]:
+        """May ``name`` load now? And whether a new reading is needed first. ``stopping``:
+        a model is on its way out already; ``victim``: the idle model to evict for it."""
+        ledger = self.ledger
+        if ledger.need(name) is None:
+            return Admit(), False  # unknown need: load without the check, learn it once up
+        if not self.fresh():
+            if self._failed == self._version:
+                return Admit("loading without the memory check: memory could not be read"), False
+            if self.conservative():
+                assert self.sample is not None
+                if not ledger.deficit(name, self.sample, holders):
+                    return Admit(), False  # it fitted before a child exited: it fits now
+            return Wait(), True
+        assert self.sample is not None
+        deficit = ledger.deficit(name, self.sample, holders)
+        if not deficit:
+            return Admit(), False
+        if stopping:
+            return Wait(), False  # one eviction at a time: wait until it is gone
+        chosen = victim()
+        if chosen is not None:
+            return Evict(chosen), False
+        if not any(h != name for h in holders):
+            # Nothing else to give up: load anyway, as upstream does, but say so.
+            short = ", ".join(f"{dev}: {n >> 20} MiB" for dev, n in sorted(deficit.items()))
+            return Admit(f"loading without enough memory ({short} short)"), False
+        return Wait(), False  # busy or pinned models hold the memory: wait for one to go idle

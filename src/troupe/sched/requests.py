@@ -1,0 +1,48 @@
+"""Who is waiting for the core's answer, and who holds a lease."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["DirectLoad", "Lease", "Requests", "Waiter"]
+
+
+@attrs.define
+class Waiter:
+    """A request waiting for its model (upstream's ``ensure_model_ready`` loop)."""
+
+    model: str
+    update_last_used: bool
+    queued: bool = False  # holds a share of the model's queue entry
+    did_load: bool = False  # this waiter's claim spawned the model
+    saw_loading: bool = False
+
+
+@attrs.define
+class Lease:
+    model: str
+    gen: int
+
+
+@attrs.define
+class DirectLoad:
+    """A ``POST /models/load`` waiting for the LRU victim it stopped to be gone."""
+
+    model: str
+    victim: str | None
+    victim_gen: int = 0  # the victim's child we wait for; a newer one is not ours to wait on
+
+
+@attrs.define
+class Requests:
+    """Every request the core has not finished with, by request id."""
+
+    waiters: dict[int, Waiter] = attrs.field(factory=dict)
+    leases: dict[int, Lease] = attrs.field(factory=dict)
+    direct: dict[int, DirectLoad] = attrs.field(factory=dict)
+    stop_all: list[int] = attrs.field(factory=list)  # shutdowns, answered once none runs
+    closed: bool = False  # shutting down: no new lease, no new load
+
+    def wanted(self) -> list[str]:
+        """Models that parked loads wait for, in order (their projections go first)."""
+        return [d.model for d in self.direct.values()]
