@@ -83,13 +83,14 @@ async def test_child_metrics_are_merged_and_labelled_and_its_log_streams(
             assert any(e["source"] == "child" and "llama" in e["text"] for e in first)
             assert {e["model"] for e in first} == {"tiny-a"}
             await router.ctx.scheduler.unload("tiny-a")
+            said: list[str] = []
             with trio.fail_after(30):
-                while True:
+                while len(said) < 2:
                     (line,) = await sse_events(lines, 1)
                     assert line["seq"] > first[-1]["seq"]
                     if line["source"] == "troupe":
-                        break
-            assert line["text"] == "stopped (exit code 0)"
+                        said.append(line["text"])
+            assert said == ["stopping (unload request)", "stopped (exit code 0)"]
 
 
 async def test_json_logs_tag_the_childs_lines_and_say_ready(
