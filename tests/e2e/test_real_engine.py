@@ -1,7 +1,7 @@
 """The real llama-server with a tiny GGUF written by the suite.
 
 These are the reference behaviours the fake engine copies: the same checks run
-against the fake in tests/testing/test_fake_engine.py.
+against the fake in tests/rig/test_fake_engine.py.
 """
 
 from __future__ import annotations
