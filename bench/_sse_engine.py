@@ -98,7 +98,7 @@ def _serve(conn: socket.socket) -> None:
 def main() -> int:
     argv = sys.argv[1:]
     if "--help" in argv or "--version" in argv or "-h" in argv:
-        os.execv(sys.executable, [sys.executable, "-m", "troupe.testing.fake_engine", *argv])
+        os.execv(sys.executable, [sys.executable, "-m", "troupe_rig.fake_engine", *argv])
     port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 8080
     listener = socket.create_server(("127.0.0.1", port), backlog=4096)
     command = os.dup(1)

@@ -1,6 +1,6 @@
 """troupe's downloader against huggingface_hub and llama.cpp's, on the loopback hub.
 
-For one LFS file of ``--size`` MiB served by `troupe.testing.hub` on loopback:
+For one LFS file of ``--size`` MiB served by `troupe_rig.hub` on loopback:
 
 * throughput: a fresh download, unthrottled (MiB/s);
 * cancel latency: the hub throttled to ``--rate`` MiB/s, the download cancelled after
@@ -45,7 +45,7 @@ from troupe.download.hubapi import HubClient, open_client
 from troupe.download.job import DownloadJob
 from troupe.engine import find_engine
 from troupe.errors import EngineNotFound
-from troupe.testing.hub import Fault, Hub, open_hub
+from troupe_rig.hub import Fault, Hub, open_hub
 
 MiB = 1 << 20
 REPO, FILE = "bench/big", "big-Q8_0.gguf"

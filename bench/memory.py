@@ -35,8 +35,8 @@ from troupe.messages import Measured, Message
 from troupe.settings.argv import parse_engine_args
 from troupe.settings.options import OptionTable, load_option_table
 from troupe.settings.router import build_settings, with_router_options
-from troupe.testing import TinyModel, write_tiny_gguf
-from troupe.testing.checks import loaded_breakdown
+from troupe_rig import TinyModel, write_tiny_gguf
+from troupe_rig.checks import loaded_breakdown
 
 SHAPES = (
     TinyModel(name="tiny-4x128", n_ctx=4096),

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from _util import HttpRequest, http_json, percentile, start_process, stream_events
 from troupe.engine import find_engine
-from troupe.testing import TinyModel, write_tiny_models
-from troupe.testing.engine_process import free_port
-from troupe.testing.nginx import NGINX, write_config
+from troupe_rig import TinyModel, write_tiny_models
+from troupe_rig.engine_process import free_port
+from troupe_rig.nginx import NGINX, write_config
 
 MODEL = TinyModel(name="bench-tiny", n_ctx=2048)
 CHILD_ARGS = ["--threads", "1", "--ctx-size", str(MODEL.n_ctx)]

@@ -62,7 +62,7 @@ from _util import (
     stream_events,
 )
 from troupe.engine import find_engine
-from troupe.testing import TinyModel, write_fake_engine, write_tiny_models
+from troupe_rig import TinyModel, write_fake_engine, write_tiny_models
 
 MODEL = TinyModel(name="bench-tiny", n_ctx=4096)
 CHILD_ARGS = ["--threads", "1", "--ctx-size", str(MODEL.n_ctx)]

@@ -35,7 +35,7 @@ from websockets.sync.client import connect
 
 from _util import start_process
 from troupe.engine import find_engine
-from troupe.testing import TinyModel, write_tiny_models
+from troupe_rig import TinyModel, write_tiny_models
 
 MODEL = TinyModel(name="bench-tiny", n_ctx=4096)
 CHILD_ARGS = ["--threads", "1", "--ctx-size", str(MODEL.n_ctx), "--parallel", "1"]

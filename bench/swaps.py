@@ -46,9 +46,9 @@ from urllib.parse import urlsplit
 
 from _util import http_json, percentile, start_process
 from troupe.engine import find_engine
-from troupe.testing import TinyModel, write_tiny_models
-from troupe.testing.engine_process import free_port
-from troupe.testing.pagecache import drop_pages, resident_fraction
+from troupe_rig import TinyModel, write_tiny_models
+from troupe_rig.engine_process import free_port
+from troupe_rig.pagecache import drop_pages, resident_fraction
 
 MODELS = [TinyModel(name=n, seed=i, n_ctx=256) for i, n in enumerate(("m-a", "m-b", "m-c"))]
 BIG = TinyModel(name="m-big", seed=9, n_layer=16, n_embd=512, n_ctx=256)  # about 126 MB

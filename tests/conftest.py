@@ -11,9 +11,18 @@ import pytest
 
 from troupe.engine import find_engine
 from troupe.errors import EngineNotFound
-from troupe.testing import write_fake_engine, write_tiny_models
-from troupe.testing.hub import Hub, open_hub, tiny_repo_files
-from troupe.testing.router import RouterFactory, RunningRouter, open_router, write_preset
+
+try:
+    from troupe_rig import write_fake_engine, write_tiny_models
+    from troupe_rig.hub import Hub, open_hub, tiny_repo_files
+    from troupe_rig.router import RouterFactory, RunningRouter, open_router, write_preset
+except ModuleNotFoundError as exc:  # the rig is a distribution of its own (tests/support)
+    if exc.name != "troupe_rig":
+        raise
+    pytest.exit(
+        "the test rig is not installed: pip install -e tests/support (scripts/test does it)",
+        returncode=4,
+    )
 
 TINY_MODELS = ("tiny-a", "tiny-b", "tiny-c")
 
@@ -93,7 +102,7 @@ def fake_router(fake_engine_path: Path, tmp_path: Path) -> RouterFactory:
 
 @pytest.fixture
 def hub() -> Iterator[Hub]:
-    """A Hugging Face-compatible hub on loopback (``troupe.testing.hub``), empty."""
+    """A Hugging Face-compatible hub on loopback (``troupe_rig.hub``), empty."""
     with open_hub() as h:
         yield h
 

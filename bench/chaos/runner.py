@@ -28,7 +28,7 @@ from chaos.routers import CPP, TROUPE, Router
 from chaos.scenario import TINY, Ctx, Scenario, seconds
 from chaos.scenarios import SCENARIOS
 from troupe.engine import find_engine
-from troupe.testing import TinyModel, write_mixed_engine, write_tiny_models
+from troupe_rig import TinyModel, write_mixed_engine, write_tiny_models
 
 PASS, FAIL, NA = "PASS", "FAIL", "n/a"
 SLOW = TinyModel(name="slow", n_embd=512, n_ff=2048, n_layer=8, n_head=8, n_head_kv=8)

@@ -11,8 +11,8 @@ import trio
 
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.sched import Status
-from troupe.testing.events import collect_until, drain
-from troupe.testing.router import RouterFactory
+from troupe_rig.events import collect_until, drain
+from troupe_rig.router import RouterFactory
 
 
 async def test_load_ready_unload_exit_zero(fake_router: RouterFactory) -> None:

@@ -10,8 +10,8 @@ import psutil
 import pytest
 import trio
 
-from troupe.testing.process import start_troupe
-from troupe.testing.router import write_preset
+from troupe_rig.process import start_troupe
+from troupe_rig.router import write_preset
 
 
 async def test_second_signal_exits_1_at_once_and_leaves_no_child(

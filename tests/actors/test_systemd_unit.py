@@ -18,8 +18,8 @@ import trio
 from troupe.catalog.entry import DEFAULT_STOP_TIMEOUT, ModelEntry
 from troupe.service import HTTP_GRACE, SHUTDOWN_GRACE
 from troupe.settings.router import RouterSettings
-from troupe.testing.process import start_troupe
-from troupe.testing.router import write_preset
+from troupe_rig.process import start_troupe
+from troupe_rig.router import write_preset
 
 UNIT = Path(__file__).resolve().parents[2] / "configs" / "troupe.service"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from troupe.testing.hub import Hub
+from troupe_rig.hub import Hub
 
 
 @pytest.fixture

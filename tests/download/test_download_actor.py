@@ -14,7 +14,7 @@ from troupe.download.journal import Journal
 from troupe.download.plan import DownloadPlan
 from troupe.download.transfer import RetryPolicy
 from troupe.messages import DownloadFailed, DownloadFinished, DownloadProgress, Message
-from troupe.testing.hub import Fault, Hub
+from troupe_rig.hub import Fault, Hub
 
 MODEL = "m-Q4_K_M.gguf"
 

@@ -1,6 +1,6 @@
 """A download job against the loopback hub: resume, verification, retries, cancellation.
 
-Real sockets and real files; every fault is injected by the hub (`troupe.testing.hub`).
+Real sockets and real files; every fault is injected by the hub (`troupe_rig.hub`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from troupe.download.journal import Journal
 from troupe.download.layout import PARTIAL_SUFFIX, RepoLayout
 from troupe.download.plan import DownloadPlan, PlanError
 from troupe.download.transfer import BusyError, ChecksumError, RetryPolicy
-from troupe.testing.hub import Fault, Hub
+from troupe_rig.hub import Fault, Hub
 
 FAST = RetryPolicy(attempts=3, backoff=0.01, backoff_max=0.05)
 MODEL = "m-Q4_K_M.gguf"

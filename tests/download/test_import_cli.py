@@ -10,7 +10,7 @@ import gguf
 import pytest
 
 from troupe.catalog.modelsdir import scan_models_dir
-from troupe.testing import TinyModel, write_tiny_gguf
+from troupe_rig import TinyModel, write_tiny_gguf
 
 
 def troupe_import(*args: str) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ import trio
 
 from troupe.catalog.hfcache import cached_models
 from troupe.download.journal import Journal
-from troupe.testing.hub import Fault, Hub
+from troupe_rig.hub import Fault, Hub
 
 MODEL = "m-Q4_K_M.gguf"
 

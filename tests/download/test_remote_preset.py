@@ -13,8 +13,8 @@ import httpx
 import pytest
 import trio
 
-from troupe.testing.hub import Hub
-from troupe.testing.process import start_troupe
+from troupe_rig.hub import Hub
+from troupe_rig.process import start_troupe
 
 
 @pytest.fixture

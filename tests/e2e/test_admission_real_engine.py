@@ -18,8 +18,8 @@ import pytest
 import trio
 
 from troupe.sched import Snapshot, Status
-from troupe.testing.events import drain
-from troupe.testing.router import RunningRouter, open_router
+from troupe_rig.events import drain
+from troupe_rig.router import RunningRouter, open_router
 
 pytestmark = pytest.mark.engine
 

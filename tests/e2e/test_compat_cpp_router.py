@@ -19,8 +19,8 @@ import pytest
 import trio
 
 from troupe.sched import Status
-from troupe.testing import open_engine
-from troupe.testing.router import open_router
+from troupe_rig import open_engine
+from troupe_rig.router import open_router
 
 pytestmark = pytest.mark.engine
 

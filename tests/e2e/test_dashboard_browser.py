@@ -16,7 +16,7 @@ import trio
 from playwright.sync_api import Page, expect, sync_playwright
 
 from troupe.sched import Status
-from troupe.testing.router import RunningRouter, open_router
+from troupe_rig.router import RunningRouter, open_router
 
 pytestmark = pytest.mark.engine
 

@@ -22,10 +22,10 @@ import openai
 import pytest
 import trio
 
-from troupe.testing.events import collect_until, drain
-from troupe.testing.hub import Fault, Hub
-from troupe.testing.process import start_troupe
-from troupe.testing.router import RunningRouter, open_router
+from troupe_rig.events import collect_until, drain
+from troupe_rig.hub import Fault, Hub
+from troupe_rig.process import start_troupe
+from troupe_rig.router import RunningRouter, open_router
 
 pytestmark = pytest.mark.engine
 

@@ -15,7 +15,7 @@ import openai
 import pytest
 import trio
 
-from troupe.testing.router import open_router
+from troupe_rig.router import open_router
 
 pytestmark = pytest.mark.engine
 

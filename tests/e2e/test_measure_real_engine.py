@@ -10,9 +10,9 @@ import trio
 
 from troupe.actors.measure import MeasureJob
 from troupe.messages import Measured, MeasureFailed, Message
-from troupe.testing import TinyModel, write_tiny_gguf
-from troupe.testing.checks import loaded_breakdown
-from troupe.testing.router import open_router, write_preset
+from troupe_rig import TinyModel, write_tiny_gguf
+from troupe_rig.checks import loaded_breakdown
+from troupe_rig.router import open_router, write_preset
 
 pytestmark = pytest.mark.engine
 

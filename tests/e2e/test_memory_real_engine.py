@@ -20,8 +20,8 @@ import trio
 from troupe.catalog.memory import model_need
 from troupe.child.breakdown import parse_buffer_line
 from troupe.sched import Status
-from troupe.testing import TinyModel, open_engine, write_tiny_gguf
-from troupe.testing.router import RunningRouter, open_router
+from troupe_rig import TinyModel, open_engine, write_tiny_gguf
+from troupe_rig.router import RunningRouter, open_router
 
 pytestmark = pytest.mark.engine
 

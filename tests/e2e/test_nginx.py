@@ -21,9 +21,9 @@ import pytest
 import trio
 
 from troupe.ops.logs import LogLine
-from troupe.testing.nginx import SITE, Forwarder, Nginx, open_forwarder, open_nginx
-from troupe.testing.realtime_client import EventLog, run_asyncio, sdk_client
-from troupe.testing.router import RouterFactory, RunningRouter, open_router, write_preset
+from troupe_rig.nginx import SITE, Forwarder, Nginx, open_forwarder, open_nginx
+from troupe_rig.realtime_client import EventLog, run_asyncio, sdk_client
+from troupe_rig.router import RouterFactory, RunningRouter, open_router, write_preset
 
 LIMIT = 128 << 20  # client_max_body_size 128m, and troupe's --max-body-mib default
 TOKENS = 40

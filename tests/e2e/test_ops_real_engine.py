@@ -15,8 +15,8 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from troupe.sched import Status
-from troupe.testing.process import start_troupe
-from troupe.testing.router import open_router
+from troupe_rig.process import start_troupe
+from troupe_rig.router import open_router
 
 pytestmark = pytest.mark.engine
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from troupe.testing import TinyModel, write_tiny_models
-from troupe.testing.pagecache import drop_pages, resident_fraction, wait_resident
-from troupe.testing.router import open_router
+from troupe_rig import TinyModel, write_tiny_models
+from troupe_rig.pagecache import drop_pages, resident_fraction, wait_resident
+from troupe_rig.router import open_router
 
 pytestmark = pytest.mark.engine
 

@@ -1,7 +1,7 @@
 """The real llama-server with a tiny GGUF written by the suite.
 
 These are the reference behaviours the fake engine copies: the same checks run
-against the fake in tests/testing/test_fake_engine.py.
+against the fake in tests/rig/test_fake_engine.py.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import pytest
 import trio
 
 from troupe.settings.options import parse_help
-from troupe.testing import open_engine
-from troupe.testing.checks import (
+from troupe_rig import open_engine
+from troupe_rig.checks import (
     check_child_exit_command,
     check_child_ready,
     check_child_stdin_eof,
     check_http_surface,
 )
-from troupe.testing.fake_engine import KNOBS, help_text
-from troupe.testing.fake_engine.options import OPTIONS
+from troupe_rig.fake_engine import KNOBS, help_text
+from troupe_rig.fake_engine.options import OPTIONS
 
 pytestmark = pytest.mark.engine
 

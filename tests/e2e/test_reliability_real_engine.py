@@ -20,10 +20,10 @@ import trio
 
 from troupe.sched import Status
 from troupe.service import shutdown
-from troupe.testing.events import drain
-from troupe.testing.hfcache import COMMIT
-from troupe.testing.hfcache import write_hf_cache as hf_cache
-from troupe.testing.router import RunningRouter, open_router
+from troupe_rig.events import drain
+from troupe_rig.hfcache import COMMIT
+from troupe_rig.hfcache import write_hf_cache as hf_cache
+from troupe_rig.router import RunningRouter, open_router
 
 pytestmark = pytest.mark.engine
 

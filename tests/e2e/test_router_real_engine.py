@@ -16,9 +16,9 @@ import pytest
 import trio
 
 from troupe.sched import Status
-from troupe.testing.events import collect_until
-from troupe.testing.process import start_troupe
-from troupe.testing.router import RunningRouter, open_router
+from troupe_rig.events import collect_until
+from troupe_rig.process import start_troupe
+from troupe_rig.router import RunningRouter, open_router
 
 pytestmark = pytest.mark.engine
 

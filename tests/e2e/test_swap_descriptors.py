@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from troupe.testing.router import open_router
+from troupe_rig.router import open_router
 
 pytestmark = pytest.mark.engine
 

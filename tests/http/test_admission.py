@@ -6,8 +6,8 @@ import httpx
 import trio
 
 from troupe.sched import Status
-from troupe.testing.events import drain
-from troupe.testing.router import RouterFactory
+from troupe_rig.events import drain
+from troupe_rig.router import RouterFactory
 
 
 async def test_queue_max_answers_503_with_retry_after(fake_router: RouterFactory) -> None:

@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 from troupe.sched import Status
-from troupe.testing.events import drain
-from troupe.testing.hfcache import COMMIT
-from troupe.testing.hfcache import write_hf_cache as hf_cache
-from troupe.testing.router import RouterFactory, open_router
+from troupe_rig.events import drain
+from troupe_rig.hfcache import COMMIT
+from troupe_rig.hfcache import write_hf_cache as hf_cache
+from troupe_rig.router import RouterFactory, open_router
 
 FORMAT = "<user>/<model>[:quant]"
 

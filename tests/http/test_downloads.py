@@ -15,9 +15,9 @@ import trio
 
 from troupe.catalog.hfcache import cached_models
 from troupe.download.journal import Journal
-from troupe.testing.events import collect_until, drain
-from troupe.testing.hub import Fault, Hub
-from troupe.testing.router import RouterFactory, RunningRouter
+from troupe_rig.events import collect_until, drain
+from troupe_rig.hub import Fault, Hub
+from troupe_rig.router import RouterFactory, RunningRouter
 
 MODEL = "m-Q4_K_M.gguf"
 ENDED = ("download_finished", "download_failed")

@@ -11,7 +11,7 @@ import httpx
 import trio
 
 from troupe.sched import Status
-from troupe.testing.router import RouterFactory, RunningRouter
+from troupe_rig.router import RouterFactory, RunningRouter
 
 SLOW = {"fake-tps": "50", "fake-tokens": "10"}  # a short request: a fifth of a second
 

@@ -15,7 +15,7 @@ import trio_websocket
 
 from troupe.http.errors import NOT_FOUND_BODY
 from troupe.sched import Status
-from troupe.testing.router import RouterFactory, RunningRouter
+from troupe_rig.router import RouterFactory, RunningRouter
 
 
 def port_of(router: RunningRouter) -> int:

@@ -9,8 +9,8 @@ import trio
 
 from troupe.commands.models import run_models
 from troupe.sched import Status
-from troupe.testing import write_tiny_models
-from troupe.testing.router import open_router
+from troupe_rig import write_tiny_models
+from troupe_rig.router import open_router
 
 
 async def test_table_with_live_status(

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from troupe.testing.router import RouterFactory
+from troupe_rig.router import RouterFactory
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import trio
 
 from troupe.ops.dashboard import load_static
-from troupe.testing.router import RouterFactory
+from troupe_rig.router import RouterFactory
 
 STATIC = Path(__file__).resolve().parents[2] / "src" / "troupe" / "ops" / "static"
 

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from troupe.sched import Status
-from troupe.testing.router import RouterFactory
+from troupe_rig.router import RouterFactory
 
 
 async def test_streaming_chat_completion_is_relayed_chunk_by_chunk(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from troupe.sched import Status
-from troupe.testing.router import RouterFactory, write_preset
+from troupe_rig.router import RouterFactory, write_preset
 
 
 async def test_reload_restarts_changed_models_only(

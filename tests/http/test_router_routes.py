@@ -7,7 +7,7 @@ import json
 import trio
 
 from troupe.sched import Status
-from troupe.testing.router import RouterFactory
+from troupe_rig.router import RouterFactory
 
 
 async def test_health_is_ok_and_says_llama_cpp(fake_router: RouterFactory) -> None:

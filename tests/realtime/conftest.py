@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from troupe.demo import assemble_demo_model
-from troupe.testing.router import RouterFactory, RunningRouter, open_router, write_preset
+from troupe_rig.router import RouterFactory, RunningRouter, open_router, write_preset
 
 DATA = Path(__file__).parent.parent / "data"
 

@@ -19,8 +19,8 @@ import trio_websocket
 from troupe.realtime import handshake
 from troupe.realtime.session import Limits
 from troupe.sched import Status
-from troupe.testing.realtime_client import raw_socket, validate
-from troupe.testing.router import RouterFactory, RunningRouter
+from troupe_rig.realtime_client import raw_socket, validate
+from troupe_rig.router import RouterFactory, RunningRouter
 
 
 async def loaded(router: RunningRouter, model: str) -> None:

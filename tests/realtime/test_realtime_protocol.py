@@ -17,8 +17,8 @@ import trio_websocket
 
 from troupe.realtime import handshake
 from troupe.realtime.session import Limits
-from troupe.testing.realtime_client import EventLog, raw_socket, run_asyncio, sdk_client, validate
-from troupe.testing.router import RouterFactory, RunningRouter
+from troupe_rig.realtime_client import EventLog, raw_socket, run_asyncio, sdk_client, validate
+from troupe_rig.router import RouterFactory, RunningRouter
 
 
 async def rejected(router: RunningRouter, resource: str, **kwargs: Any) -> tuple[int, Any]:

@@ -15,8 +15,8 @@ import pytest
 import trio
 from websockets.exceptions import InvalidStatus
 
-from troupe.testing.realtime_client import EventLog, run_asyncio, sdk_client
-from troupe.testing.router import RouterFactory, RunningRouter
+from troupe_rig.realtime_client import EventLog, run_asyncio, sdk_client
+from troupe_rig.router import RouterFactory, RunningRouter
 
 pytestmark = pytest.mark.engine
 

@@ -139,7 +139,7 @@ def test_doctor_with_a_missing_engine_is_one_line() -> None:
 
 
 def test_doctor_reports_host_engine_and_models(fake_engine_path: Path, tmp_path: Path) -> None:
-    from troupe.testing import write_tiny_models  # noqa: PLC0415
+    from troupe_rig import write_tiny_models  # noqa: PLC0415
 
     write_tiny_models(tmp_path, ["doc-a"])
     done = run_troupe("doctor", "--models-dir", str(tmp_path))

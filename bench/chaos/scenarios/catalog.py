@@ -13,7 +13,7 @@ import trio
 
 from chaos.client import DROPPED, OK, Drop
 from chaos.scenario import Ctx, Scenario, preset_launch, seconds, until_ok, write_preset
-from troupe.testing import TinyModel, write_tiny_gguf
+from troupe_rig import TinyModel, write_tiny_gguf
 
 STOP_TIMEOUT = "3"
 RELOAD_MODELS = {"m1": {}, "m2": {}, "m3": {"stop-timeout": STOP_TIMEOUT}}

@@ -2,7 +2,7 @@
 ``troupe pull``, remote presets): plan, transfer with resume and verification, journal.
 
 Why troupe's own downloader (httpx's async client on Trio) and not ``huggingface_hub``:
-``bench/downloads.py`` against the loopback hub (`troupe.testing.hub`), one 64 MiB LFS
+``bench/downloads.py`` against the loopback hub (`troupe_rig.hub`), one 64 MiB LFS
 file, throttled runs at 4 MiB/s, on the 2-core development machine (2026-12-01):
 
 ============================  ========  ===============  ==================

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from troupe.child.prefetch import model_files, prefetch, readahead_chunk
-from troupe.testing.pagecache import drop_pages, resident_fraction, wait_resident
+from troupe_rig.pagecache import drop_pages, resident_fraction, wait_resident
 
 MiB = 1 << 20
 

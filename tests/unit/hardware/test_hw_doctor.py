@@ -8,7 +8,7 @@ import pytest
 
 from troupe.commands.doctor import DOCTOR_HELP, run_doctor
 from troupe.errors import EngineNotFound, TroupeError, UsageError
-from troupe.testing import TinyModel, write_tiny_models
+from troupe_rig import TinyModel, write_tiny_models
 
 pytestmark = pytest.mark.engine
 

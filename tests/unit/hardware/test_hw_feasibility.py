@@ -19,7 +19,7 @@ from troupe.hardware import (
     format_bytes,
 )
 from troupe.settings.options import EngineOption
-from troupe.testing import TinyModel, write_tiny_gguf
+from troupe_rig import TinyModel, write_tiny_gguf
 
 GIB = 1024**3
 G, Y, R = Feasibility.GREEN, Feasibility.YELLOW, Feasibility.RED

@@ -17,7 +17,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from troupe.testing.engine_process import free_port
+from troupe_rig.engine_process import free_port
 
 __all__ = ["NGINX", "SITE", "Forwarder", "Nginx", "adapt_site", "open_forwarder", "open_nginx"]
 

@@ -1,4 +1,4 @@
-"""The test hub's content, faults and request log (see `troupe.testing.hub`)."""
+"""The test hub's content, faults and request log (see `troupe_rig.hub`)."""
 
 from __future__ import annotations
 

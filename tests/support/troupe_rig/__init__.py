@@ -1,7 +1,8 @@
 """Test rig: tiny real GGUF models, a fault-injecting fake engine, process helpers.
 
-Importable by the test suite and by ``bench/``. Nothing here is used by troupe
-at run time.
+Importable by the test suite and by ``bench/``. Nothing here is used by troupe at run
+time, and none of it ships in troupe's wheel: it is its own small distribution
+(``tests/support/pyproject.toml``) that ``scripts/_venv.sh`` installs beside troupe.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from troupe.testing.engine_process import (
+    from troupe_rig.engine_process import (
         EngineExited,
         EngineProcess,
         free_port,
         open_engine,
     )
-    from troupe.testing.mixed_engine import write_mixed_engine
-    from troupe.testing.tiny_gguf import TinyModel, write_tiny_gguf, write_tiny_models
+    from troupe_rig.mixed_engine import write_mixed_engine
+    from troupe_rig.tiny_gguf import TinyModel, write_tiny_gguf, write_tiny_models
 
 __all__ = [
     "EngineExited",
@@ -37,9 +38,9 @@ __all__ = [
     "write_tiny_models",
 ]
 
-_SRC = Path(__file__).resolve().parents[2]  # the directory that holds the troupe package
+_ROOT = Path(__file__).resolve().parents[1]  # the directory that holds the troupe_rig package
 
-# Imported on first use: the fake engine runs as ``python -m troupe.testing.fake_engine``,
+# Imported on first use: the fake engine runs as ``python -m troupe_rig.fake_engine``,
 # which imports this package, and numpy (for the GGUF writer) would add ~0.25 s to its start.
 _LAZY = {
     "EngineExited": "engine_process",
@@ -64,7 +65,7 @@ def __getattr__(name: str) -> object:
 
 def fake_engine_argv() -> list[str]:
     """The command that runs the fake engine with this interpreter."""
-    return [sys.executable, "-m", "troupe.testing.fake_engine"]
+    return [sys.executable, "-m", "troupe_rig.fake_engine"]
 
 
 def write_fake_engine(
@@ -76,15 +77,15 @@ def write_fake_engine(
 
     ``env`` is baked into the script (e.g. ``{"TROUPE_FAKE_LOAD_TIME": "1"}``) so one
     launcher can stand for an engine that always misbehaves the same way; command-line
-    knobs still override it. The script also puts troupe's source tree on
-    ``PYTHONPATH``, so it works whether troupe is installed or not.
+    knobs still override it. The script also puts the rig's own directory on
+    ``PYTHONPATH``, so it works whether the rig is installed or not.
     """
     path = Path(directory) / name
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in (env or {}).items())
     script = (
         "#!/bin/sh\n"
-        "# fake llama-server for troupe's tests (troupe.testing.write_fake_engine)\n"
-        f'export PYTHONPATH={shlex.quote(str(_SRC))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+        "# fake llama-server for troupe's tests (troupe_rig.write_fake_engine)\n"
+        f'export PYTHONPATH={shlex.quote(str(_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
         f"{exports}"
         f'exec {" ".join(shlex.quote(a) for a in fake_engine_argv())} "$@"\n'
     )

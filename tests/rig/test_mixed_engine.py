@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from troupe.settings.options import parse_help
-from troupe.testing import write_mixed_engine
-from troupe.testing.fake_engine import KNOBS
+from troupe_rig import write_mixed_engine
+from troupe_rig.fake_engine import KNOBS
 
 pytestmark = pytest.mark.engine
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from troupe.testing.tiny_gguf import TinyModel, write_tiny_gguf
+from troupe_rig.tiny_gguf import TinyModel, write_tiny_gguf
 
 __all__ = ["COMMIT", "write_hf_cache"]
 

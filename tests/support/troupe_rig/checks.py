@@ -15,7 +15,7 @@ import psutil
 import trio
 
 from troupe.child.breakdown import last_breakdown
-from troupe.testing.engine_process import EngineProcess, open_engine
+from troupe_rig.engine_process import EngineProcess, open_engine
 
 __all__ = [
     "check_child_exit_command",

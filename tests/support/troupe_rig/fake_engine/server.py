@@ -18,12 +18,12 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from troupe.testing.fake_engine.app import FakeApp
-from troupe.testing.fake_engine.config import ALL_OPTIONS, FakeConfig, load_config
-from troupe.testing.fake_engine.options import render_help
-from troupe.testing.fake_engine.protocol import CMD_EXIT, CommandChannel, is_child, log, srv
-from troupe.testing.fake_engine.responses import VERSION
-from troupe.testing.fake_engine.state import EngineState, die
+from troupe_rig.fake_engine.app import FakeApp
+from troupe_rig.fake_engine.config import ALL_OPTIONS, FakeConfig, load_config
+from troupe_rig.fake_engine.options import render_help
+from troupe_rig.fake_engine.protocol import CMD_EXIT, CommandChannel, is_child, log, srv
+from troupe_rig.fake_engine.responses import VERSION
+from troupe_rig.fake_engine.state import EngineState, die
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIFramework

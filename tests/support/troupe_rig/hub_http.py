@@ -1,4 +1,4 @@
-"""The HTTP side of the test hub (`troupe.testing.hub`): routes, faults, the server.
+"""The HTTP side of the test hub (`troupe_rig.hub`): routes, faults, the server.
 
 Threads (``http.server``): one per connection, HTTP/1.1 keep-alive. The server keeps
 every open connection so that stopping it ends slow and kept-alive ones at once.
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from troupe.testing.hub_state import Fault, Hub, HubRepo, RequestRecord
+from troupe_rig.hub_state import Fault, Hub, HubRepo, RequestRecord
 
 __all__ = ["HubServer"]
 

@@ -32,8 +32,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from troupe.testing.hub_http import HubServer
-from troupe.testing.hub_state import TOKEN, Fault, Hub, HubRepo, RequestRecord, git_blob_oid
+from troupe_rig.hub_http import HubServer
+from troupe_rig.hub_state import TOKEN, Fault, Hub, HubRepo, RequestRecord, git_blob_oid
 
 __all__ = [
     "TOKEN",
@@ -48,10 +48,10 @@ __all__ = [
 
 
 def tiny_repo_files(directory: Path, *paths: str, seed: int = 0) -> dict[str, Path]:
-    """A tiny real model (`troupe.testing.write_tiny_gguf`) for each repository path,
+    """A tiny real model (`troupe_rig.write_tiny_gguf`) for each repository path,
     written under ``directory``: ``{"m-Q4_K_M.gguf": Path, ...}`` for `Hub.add_repo`.
     Each file is a distinct, loadable model named after its file."""
-    from troupe.testing.tiny_gguf import TinyModel, write_tiny_gguf  # noqa: PLC0415  (numpy)
+    from troupe_rig.tiny_gguf import TinyModel, write_tiny_gguf  # noqa: PLC0415  (numpy)
 
     out: dict[str, Path] = {}
     for i, rel in enumerate(paths):

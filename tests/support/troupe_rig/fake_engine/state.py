@@ -11,9 +11,9 @@ from pathlib import Path
 
 import trio
 
-from troupe.testing.fake_engine.config import FakeConfig
-from troupe.testing.fake_engine.protocol import CommandChannel, log, srv
-from troupe.testing.fake_engine.responses import model_info
+from troupe_rig.fake_engine.config import FakeConfig
+from troupe_rig.fake_engine.protocol import CommandChannel, log, srv
+from troupe_rig.fake_engine.responses import model_info
 
 __all__ = ["EngineState", "Phase", "die"]
 

@@ -12,7 +12,7 @@ import os
 import shlex
 from pathlib import Path
 
-from troupe.testing import _SRC, fake_engine_argv
+from troupe_rig import _ROOT, fake_engine_argv
 
 __all__ = ["write_mixed_engine"]
 
@@ -22,8 +22,8 @@ def write_mixed_engine(
 ) -> Path:
     """Write ``directory/name``: ``real`` for every command line without a ``--fake-*``
     argument, the fake engine for those with one."""
-    from troupe.testing.fake_engine.config import KNOBS  # noqa: PLC0415 (keeps imports light)
-    from troupe.testing.fake_engine.options import render_help  # noqa: PLC0415
+    from troupe_rig.fake_engine.config import KNOBS  # noqa: PLC0415 (keeps imports light)
+    from troupe_rig.fake_engine.options import render_help  # noqa: PLC0415
 
     path = Path(directory) / name
     knobs = path.with_name(f"{name}.knobs")
@@ -33,7 +33,7 @@ def write_mixed_engine(
     script = (
         "#!/bin/sh\n"
         "# real llama-server, or troupe's fake engine when a --fake-* knob is given\n"
-        "# (troupe.testing.mixed_engine.write_mixed_engine)\n"
+        "# (troupe_rig.mixed_engine.write_mixed_engine)\n"
         f"real={shlex.quote(str(Path(real).resolve()))}\n"
         'for arg in "$@"; do\n'
         '  case "$arg" in\n'
@@ -41,7 +41,7 @@ def write_mixed_engine(
         '      "$real" --help; status=$?\n'
         f"      printf '\\n\\n'; cat {shlex.quote(str(knobs))}; echo; exit $status ;;\n"
         "    --fake-*)\n"
-        f'      export PYTHONPATH={shlex.quote(str(_SRC))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+        f'      export PYTHONPATH={shlex.quote(str(_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
         f'      exec {fake} "$@" ;;\n'
         "  esac\n"
         "done\n"

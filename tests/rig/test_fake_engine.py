@@ -14,15 +14,15 @@ import trio_websocket
 
 from troupe.engine import probe_engine
 from troupe.settings.options import parse_help
-from troupe.testing import free_port, open_engine
-from troupe.testing.checks import (
+from troupe_rig import free_port, open_engine
+from troupe_rig.checks import (
     check_child_exit_command,
     check_child_ready,
     check_child_stdin_eof,
     check_http_surface,
     read_sse,
 )
-from troupe.testing.fake_engine import KNOBS, help_text, load_config
+from troupe_rig.fake_engine import KNOBS, help_text, load_config
 
 LOADING_503 = {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
 

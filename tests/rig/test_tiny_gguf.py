@@ -7,7 +7,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from troupe.testing import TinyModel, write_tiny_gguf, write_tiny_models
+from troupe_rig import TinyModel, write_tiny_gguf, write_tiny_models
 
 
 def _fields(path: Path) -> dict[str, object]:

@@ -13,16 +13,16 @@ from typing import Any
 
 import trio
 
-from troupe.testing.fake_engine import responses as r
-from troupe.testing.fake_engine.generate import (
+from troupe_rig.fake_engine import responses as r
+from troupe_rig.fake_engine.generate import (
     count_prompt,
     detokenize,
     generate,
     requested_tokens,
     tokenize,
 )
-from troupe.testing.fake_engine.protocol import dumps, log, srv
-from troupe.testing.fake_engine.state import EngineState, Phase
+from troupe_rig.fake_engine.protocol import dumps, log, srv
+from troupe_rig.fake_engine.state import EngineState, Phase
 
 __all__ = ["FakeApp"]
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from troupe.testing.fake_engine.config import FakeConfig
+from troupe_rig.fake_engine.config import FakeConfig
 
 __all__ = [
     "BUILD_INFO",

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator, Mapping
 
 import trio
 
-from troupe.testing.fake_engine.config import FakeConfig
-from troupe.testing.fake_engine.protocol import log
-from troupe.testing.fake_engine.state import die
+from troupe_rig.fake_engine.config import FakeConfig
+from troupe_rig.fake_engine.protocol import log
+from troupe_rig.fake_engine.state import die
 
 __all__ = ["WORDS", "count_prompt", "detokenize", "generate", "requested_tokens", "tokenize"]
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from troupe.testing.fake_engine.options import OPTIONS, TRUTHY, Opt, knob, parse_args
+from troupe_rig.fake_engine.options import OPTIONS, TRUTHY, Opt, knob, parse_args
 
 __all__ = ["ALL_OPTIONS", "KNOBS", "FakeConfig", "load_config"]
 
