@@ -135,4 +135,11 @@ async def test_json_logs_tag_the_childs_lines_and_say_ready(
     child = [ln for ln in lines if ln["logger"] == "troupe.child" and ln["model"] == "tiny-c"]
     assert child
     assert not any(ln["message"].startswith("[tiny-c]") for ln in child)
+    # troupe's own lines about the model carry it too, not a dict repr or a prefix.
+    about_c = {ln["logger"]: ln["message"] for ln in lines if ln["model"] == "tiny-c"}
+    assert about_c["troupe.instance"].startswith("stopped")
+    assert about_c["troupe.scheduler"] == "stopping (shutdown)"
+    assert any(ln["message"].startswith("spawned (pid ") for ln in lines if ln["model"] == "tiny-c")
+    alone = [ln for ln in lines if "tiny-c" in ln["message"] and "tiny-a" not in ln["message"]]
+    assert [ln["message"] for ln in alone if ln["model"] is None] == []
     assert troupe.process.returncode == 0

@@ -7,8 +7,12 @@ the third model wait until one of them happens to be idle, which here is never.
 
 from __future__ import annotations
 
+import collections
+from typing import Any
+
 import httpx
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from troupe.sched import Status
 from troupe_rig.router import RouterFactory, RunningRouter
@@ -47,7 +51,7 @@ async def test_a_model_that_starves_behind_busy_ones_is_served_after_the_drain(
         fake_router(sections, "--models-max", "2", "--drain-after", "0.5") as router,
         router.client() as http,
     ):
-        stop, codes = trio.Event(), []
+        stop, codes = trio.Event(), list[int]()
         async with trio.open_nursery() as nursery:
             for model in ("a", "b"):
                 nursery.start_soon(hold, http, model, 150)  # 3 s: busy when c arrives
@@ -91,3 +95,73 @@ async def test_with_drain_after_off_busy_models_keep_their_slots_as_upstream(
         await router.ctx.scheduler.wait_until(lambda s: s.models["c"].waiting == 0)
         assert router.snapshot.models["c"].status is Status.UNLOADED
         nursery.cancel_scope.cancel()
+
+
+async def test_a_drain_and_an_unload_are_counted_by_their_reason_on_metrics(
+    fake_router: RouterFactory,
+) -> None:
+    """What a Prometheus server reads (its client library's own parser): every stop the
+    SSE stream announced, counted under its reason; the drain's eviction as "drain" (it
+    used to be "other") and an unload among the stops (it used to be counted nowhere)."""
+    sections = {"a": SLOW, "b": SLOW, "c": {}}
+    async with (
+        fake_router(sections, "--models-max", "2", "--drain-after", "0.5") as router,
+        router.client() as http,
+    ):
+        seen: list[dict[str, Any]] = []
+        unloaded = trio.Event()
+
+        async def collect(events: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
+            async for event in events:
+                seen.append(event)
+                gone = event["event"] == "status_change" and event["data"]["status"] == "unloaded"
+                if gone and event["model"] == up:
+                    unloaded.set()
+
+        up = ""
+        with router.ctx.scheduler.subscribe() as events:
+            async with trio.open_nursery() as watching:
+                watching.start_soon(collect, events)
+                stop, codes = trio.Event(), list[int]()
+                async with trio.open_nursery() as nursery:
+                    for model in ("a", "b"):
+                        nursery.start_soon(hold, http, model, 150)
+                        for _ in range(2):
+                            nursery.start_soon(keep_busy, http, model, stop, codes)
+                    await both_busy(router)
+                    with trio.fail_after(20):
+                        resp = await http.post("/completion", json={"model": "c", "prompt": "x"})
+                    assert resp.status_code == 200, resp.text
+                    stop.set()
+                models = router.snapshot.models
+                up = next(n for n, m in models.items() if m.status is Status.LOADED)
+                assert (await http.post("/models/unload", json={"model": up})).status_code == 200
+                with trio.fail_after(20):
+                    await unloaded.wait()
+                watching.cancel_scope.cancel()
+        resp = await http.get("/metrics")
+    assert resp.status_code == 200
+    said = collections.Counter(
+        (e["event"], e["model"], e["data"]["kind"])
+        for e in seen
+        if e["event"] in ("troupe_evict", "troupe_stop")
+    )
+    assert said[("troupe_evict", drained_for(seen, "c"), "drain")] == 1
+    assert said[("troupe_stop", up, "unload")] == 1
+    counted = collections.Counter(
+        {
+            (s.name, s.labels["model"], s.labels["reason"]): int(s.value)
+            for family in text_string_to_metric_families(resp.text)
+            for s in family.samples
+            if s.name in ("troupe_model_evictions_total", "troupe_model_stops_total")
+        }
+    )
+    evictions = {("troupe_model_evictions_total", m, k): n for (e, m, k), n in said.items()
+                 if e == "troupe_evict"}  # fmt: skip
+    stops = {("troupe_model_stops_total", m, k): n for (_, m, k), n in said.items()}
+    assert counted == collections.Counter({**evictions, **stops})
+
+
+def drained_for(seen: list[dict[str, Any]], model: str) -> str:
+    (drain,) = [e for e in seen if e["event"] == "troupe_drain" and e["data"]["for"] == model]
+    return str(drain["model"])

@@ -26,6 +26,7 @@ from troupe.download.journal import Journal
 from troupe.download.plan import DownloadPlan, PlanError
 from troupe.download.transfer import DEFAULT_POLICY, BusyError, ChecksumError, RetryPolicy
 from troupe.messages import DownloadFailed, DownloadFinished, DownloadProgress, Message
+from troupe.modellog import about
 
 __all__ = ["DownloadActor", "DownloadSpec"]
 
@@ -113,11 +114,11 @@ class DownloadActor:
         except OSError as exc:
             return self._failed(f"cannot write the cache: {exc}", 0)
         except Exception as exc:  # a bug in the job is this download's failure only
-            log.exception("download actor for %s failed", spec.name)
+            about(log, spec.name).exception("download actor failed")
             return self._failed(f"troupe download error: {exc!r}", 0)
 
     def _failed(self, reason: str, status: int) -> DownloadFailed:
-        log.warning("download of %s failed: %s", self.name, reason)
+        about(log, self.name).warning("download failed: %s", reason)
         return DownloadFailed(self.name, self.spec.job, reason, status)
 
     async def _report(self, progress: ProgressMap) -> None:

@@ -23,6 +23,7 @@ from troupe.messages import (
     Message,
     StartDownload,
 )
+from troupe.modellog import about
 from troupe.sched.downloads import (
     CancelJob,
     DownloadEffect,
@@ -128,7 +129,7 @@ class DownloadSupervisor:
                 case CancelJob():
                     actor = self._actors.get(effect.name)
                     if actor is not None and actor.spec.job == effect.job:
-                        log.info("cancelling the download of %s", effect.name)
+                        about(log, effect.name).info("cancelling the download")
                         actor.cancel(discard=effect.discard)
                 case Emit() | Reply() | RemoveAfter():
                     out.append(effect)
@@ -141,5 +142,5 @@ class DownloadSupervisor:
         spec = self._launcher.download_spec(effect.name, effect.job, plan, error, status)
         actor = DownloadActor(spec, self._outbox.clone())
         self._actors[effect.name] = actor
-        log.info("starting download for model '%s'", effect.name)
+        about(log, effect.name).info("starting the download")
         self.nursery.start_soon(actor.run)

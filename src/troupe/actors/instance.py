@@ -23,6 +23,7 @@ from troupe.child.ports import free_port
 from troupe.child.process import kill_group, spawn_child, stop_child
 from troupe.child.protocol import iter_lines, parse_state_line
 from troupe.messages import ChildState, Exited, Message, Spawned
+from troupe.modellog import about
 
 __all__ = ["Instance", "LaunchSpec"]
 
@@ -82,6 +83,8 @@ class Instance:
         self._ready = False  # the child said "ready" (its load is over)
         self._last_output = 0.0  # when the child last printed anything
         self._stalled = False  # killed by the load timeout
+        self._log = about(log, spec.model)
+        self._child_log = about(child_log, spec.model)  # the child's own stderr lines
 
     @property
     def model(self) -> str:
@@ -99,7 +102,7 @@ class Instance:
                 try:
                     code, detail = await self._run(delay)
                 except Exception as exc:  # an actor bug is this model's failure only
-                    log.exception("instance actor for %s failed", self.model)
+                    self._log.exception("instance actor failed")
                     if self.pid is not None:
                         kill_group(self.pid)
                     code, detail = 1, f"troupe instance error: {exc!r}"
@@ -134,12 +137,12 @@ class Instance:
             argv = list(self.spec.argv(port))
             proc = await spawn_child(argv, self.spec.env, self.spec.cwd)
         except OSError as exc:
-            log.error("failed to spawn server instance for %s: %s", self.model, exc)
+            self._log.error("failed to spawn server instance: %s", exc)
             return 1, f"failed to spawn server instance: {exc.strerror or exc}"
         self.pid = proc.pid
         if self._ledger is not None:
             self._ledger.add(proc.pid, self.model)
-        log.info("spawned %s (pid %d) on port %d: %s", self.model, proc.pid, port, " ".join(argv))
+        self._log.info("spawned (pid %d) on port %d: %s", proc.pid, port, " ".join(argv))
         try:
             connections = http_threads(argv, self.spec.env)
             await self._outbox.send(Spawned(self.model, self.gen, port, proc.pid, connections))
@@ -154,7 +157,7 @@ class Instance:
         how = _describe_exit(returncode)
         code = returncode if returncode >= 0 else 1  # upstream reports a signal death as 1
         if self._stop.is_set() and code == 0:
-            log.info("%s stopped (%s)", self.model, how)
+            self._log.info("stopped (%s)", how)
             return code, None
         tail = " | ".join(self.log.tail(TAIL_LINES))
         detail = how
@@ -169,7 +172,7 @@ class Instance:
             detail += f"; {self.failure[0].value}: {self.failure[1]}"
         if tail:
             detail += f"; last log lines: {tail}"
-        (log.info if self._stop.is_set() else log.warning)("%s exited: %s", self.model, detail)
+        (self._log.info if self._stop.is_set() else self._log.warning)("exited: %s", detail)
         return code, detail
 
     async def _supervise(self, proc: trio.Process) -> int:
@@ -210,7 +213,7 @@ class Instance:
             stop_timeout=self.spec.stop_timeout,
             term_grace=self.spec.term_grace,
         )
-        log.info("%s stopped at stage %s", self.model, stage)
+        self._log.info("stopped at stage %s", stage)
 
     async def _watch_load(self, proc: trio.Process) -> None:
         """Kill the child if its load shows no progress for ``load_timeout`` seconds."""
@@ -221,11 +224,7 @@ class Instance:
             await trio.sleep_until(self._last_output + timeout)
             stalled = trio.current_time() - self._last_output >= timeout
             if stalled and not self._ready and not self._stop.is_set():
-                log.error(
-                    "%s: load made no progress for %gs (no output): killing it",
-                    self.model,
-                    timeout,
-                )
+                self._log.error("load made no progress for %gs (no output): killing it", timeout)
                 self._stalled = True
                 kill_group(proc.pid)
                 return
@@ -236,12 +235,10 @@ class Instance:
             state = parse_state_line(line)
             if state is None:
                 if line.strip():
-                    child_log.warning(
-                        "[%s] unexpected output on the command pipe: %s", self.model, line
-                    )
+                    self._child_log.warning("unexpected output on the command pipe: %s", line)
                 continue
             if state.state not in KNOWN_STATES:
-                log.warning("%s reported an unknown state %r: ignored", self.model, state.state)
+                self._log.warning("reported an unknown state %r: ignored", state.state)
                 continue
             if state.state == "ready":
                 self._ready = True
@@ -257,5 +254,5 @@ class Instance:
                 kind = classify_line(line)
                 if kind is not None:
                     self.failure = (kind, line.strip())
-                    log.warning("%s reported %s: %s", self.model, kind.value, line.strip())
-            child_log.info("[%s] %s", self.model, line, extra={"model": self.model})
+                    self._log.warning("reported %s: %s", kind.value, line.strip())
+            self._child_log.info("%s", line)

@@ -39,6 +39,7 @@ from troupe.sched import (
     Failure,
     Grant,
     ModelConfig,
+    Phase,
     SchedulerCore,
     Spawn,
     Status,
@@ -452,6 +453,19 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             assert v.queue_position == pos
             assert v.waiting == (entries[pos - 1].waiters if pos else 0)
             assert (v.pin, v.ttl) == (self.configs[name].pin, self.configs[name].ttl)
+            # The lifecycle phase agrees with the world: a child exactly while running, not
+            # started exactly while spawning, a drain only of a model that still serves.
+            assert v.phase.is_running == (child is not None), (name, v.phase, child)
+            if child is not None:
+                assert v.phase.is_spawning == (not child.started), (name, v.phase, child)
+            draining = v.draining_for is not None and not v.stopping
+            assert (v.phase is Phase.DRAINING) == draining, (name, v.phase, v.draining_for)
+            if v.phase is Phase.HELD:
+                assert v.held_until is not None, (name, v)
+            if v.phase is Phase.FAILED:
+                assert v.exit_code != 0, (name, v)
+            if v.phase is Phase.RETRYING:
+                assert name in self.oom_retry, (name, self.oom_retry)
 
     # ----- teardown: children behave, everything completes, everyone is answered -------------
 
