@@ -19,28 +19,27 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from troupe.sched.admission import MemoryAdmission
+from troupe.sched.child_reports import ChildReports
 from troupe.sched.children import Children, CrashRecord, at_rest, lift_hold
 from troupe.sched.drain import DrainClock
-from troupe.sched.effects import CancelMeasure, Effect, Failure
-from troupe.sched.events import ChildExited, MemoryProjected, ProjectionFailed, StatusChanged
-from troupe.sched.lru import pick_victim, record_demand
-from troupe.sched.measuring import MAX_ATTEMPTS, MeasureQueue, Projection
+from troupe.sched.effects import Effect, Failure
+from troupe.sched.lru import record_demand, ttl_expiry
+from troupe.sched.measuring import MeasureQueue
 from troupe.sched.memory import MemoryLedger, MemorySample
 from troupe.sched.outbox import Outbox
 from troupe.sched.phase import Phase
+from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.reloads import CatalogueChanges
 from troupe.sched.requests import DirectLoad, Requests, Waiter
-from troupe.sched.settle import Limits, Settler, serving
+from troupe.sched.settle import Limits, Settler
+from troupe.sched.shutdown import Shutdown, queue_full
 from troupe.sched.status import Status
-from troupe.sched.table import ModelConfig, ModelState, ModelTable, Snapshot
+from troupe.sched.table import ModelConfig, ModelTable, Snapshot
 from troupe.sched.views import QueueReporter, Situation, model_views
 
-__all__ = ["DEFAULT_LOAD_SECONDS", "SchedulerCore"]
-
-DEFAULT_LOAD_SECONDS = 10.0  # a load never measured yet, for Retry-After
-_REPORTED = {"loading": Status.LOADING, "ready": Status.LOADED, "sleeping": Status.SLEEPING}
+__all__ = ["SchedulerCore"]
 
 
 class SchedulerCore:
@@ -72,7 +71,9 @@ class SchedulerCore:
         self.crashes = CrashRecord(crash_limit, crash_window)
         # Memory admission (None: count limit only), and the engine's own projections.
         self.memory = MemoryAdmission(memory) if memory is not None else None
-        self.measure = MeasureQueue() if measure and memory is not None else None
+        self.projections = (
+            Projections(memory, self.outbox) if measure and memory is not None else None
+        )
         self.children = Children(self.table, self.outbox, self.clock, self.memory)
         self.settler = Settler(
             self.limits,
@@ -84,8 +85,20 @@ class SchedulerCore:
             self.crashes,
             self.clock,
             self.memory,
-            self.measure,
+            self.projections,
             self.outbox,
+        )
+        self.reports = ChildReports(
+            self.table,
+            self.queue,
+            self.children,
+            self.crashes,
+            self.memory,
+            self.projections,
+            self.outbox,
+        )
+        self.shutdown = Shutdown(
+            self.table, self.queue, self.requests, self.children, self.projections, self.outbox
         )
         self._reporter = QueueReporter()
         self._now = 0.0  # the time of the event being handled
@@ -93,14 +106,19 @@ class SchedulerCore:
         if memory is not None:
             for m in self.table:
                 memory.set_estimate(m.name, m.config.need)
-        if self.measure is not None:
+        if self.projections is not None:
             # Only what troupe could read itself: the engine cannot project a file whose
             # header is not a model's either (it would fail after starting a process).
-            self.measure.add(sorted(m.name for m in self.table if m.config.need))
+            self.projections.add(sorted(m.name for m in self.table if m.config.need))
 
     @property
     def models_max(self) -> int:
         return self.limits.models_max
+
+    @property
+    def measure(self) -> MeasureQueue | None:
+        """The engine's projections still to make and made (None: not asked for)."""
+        return self.projections.queue if self.projections is not None else None
 
     @property
     def drain_after(self) -> float | None:
@@ -158,7 +176,7 @@ class SchedulerCore:
         elif self.crashes.held_back(m, now):
             out.reply(rid, Failure.unavailable(self.crashes.message(m, now)))
         elif self.limits.queue_max > 0 and len(self.requests.waiters) >= self.limits.queue_max:
-            out.reply(rid, self._queue_full(model))
+            out.reply(rid, queue_full(self.table, self.queue, self.requests, self.limits, model))
         else:
             if update_last_used:
                 record_demand(m, now)
@@ -239,9 +257,7 @@ class SchedulerCore:
     # ----- child events ---------------------------------------------------------------
 
     def spawned(self, model: str, gen: int, port: int, pid: int, now: float) -> list[Effect]:
-        m = self.table.current(model, gen)
-        if m is not None and m.spawn_pending:
-            self.children.started(m, port, pid, now)
+        if self.reports.spawned(model, gen, port, pid, now):
             self._settle(now)
         return self._flush()
 
@@ -249,42 +265,9 @@ class SchedulerCore:
         self, model: str, gen: int, state: str, payload: Any, now: float
     ) -> list[Effect]:
         """A ``cmd_child_to_router:state:`` line; an unknown state is ignored."""
-        m = self.table.current(model, gen)
-        reported = _REPORTED.get(state)
-        if m is None or reported is None or not m.status.is_running or m.spawn_pending:
-            return self._flush()
-        m.reported = reported
-        m.exit_code = 0
-        if m.phase not in (Phase.DRAINING, Phase.STOPPING):
-            m.move(serving(m))  # a draining or stopping child keeps its course
-        event = StatusChanged(model, reported)
-        if reported is Status.LOADING:
-            m.progress = payload if isinstance(payload, dict) else None
-            event = StatusChanged(model, reported, progress=payload)
-        elif reported is Status.LOADED:
-            self._came_up(m, payload, now)
-            # Upstream: any non-empty payload is the info.
-            event = StatusChanged(model, reported, info=payload or None)
-        elif self.memory is not None:
-            self.memory.changed(released=True)  # a sleeping child gives its memory back
-        self.outbox.emit(event)
-        self._settle(now)
+        if self.reports.state(model, gen, state, payload, now):
+            self._settle(now)
         return self._flush()
-
-    def _came_up(self, m: ModelState, payload: Any, now: float) -> None:
-        m.progress = None
-        if payload and isinstance(payload, dict):
-            m.loaded_info = payload
-        if m.load_started is not None:
-            m.last_load_seconds = now - m.load_started
-            m.load_started = None
-        if m.in_flight == 0:
-            m.idle_since = now
-        m.oom_retried = False
-        if self.memory is not None:
-            self.memory.changed()
-            self.memory.came_up(now)
-        self._measure_again(m.name)
 
     def exited(
         self,
@@ -300,117 +283,24 @@ class SchedulerCore:
         """The child of generation ``gen`` is gone. ``code`` is upstream's (a signal is 1);
         ``oom``: its log said it ran out of memory."""
         self._now = now
-        m = self.table.current(model, gen)
-        if m is None or not m.is_running:
-            return self._flush()
-        was_running = m.status.is_running
-        was_loading = m.status is Status.LOADING
-        was_stopping = m.stopping
-        entry = self.queue.find(model)
-        if entry is not None and entry.loading:
-            # The claimed load died: the entry is back in line, so its other waiters (and
-            # everyone queued behind it) are not stranded behind a claim that is over.
-            self.queue.claim_failed(model)
-        if self.memory is not None:
-            self.memory.changed(released=True)
-        m.reported = Status.UNLOADED
-        m.exit_code = code
-        m.drain_for = None
-        m.in_flight = 0  # leases on the dead child no longer count (see release)
-        m.progress = None
-        m.load_started = None
-        if detail:
-            m.last_error = detail
-        victims = self._oom_victims(m) if oom and was_loading and not expected else []
-        if victims and not was_stopping:
-            m.move(Phase.RETRYING)  # its waiters keep waiting for the second try
-        elif not expected and self.crashes.crashed(m, now):
-            m.move(Phase.HELD)
-        else:
-            m.move(at_rest(m))
-        if was_running:
-            self.outbox.emit(StatusChanged(model, Status.UNLOADED, exit_code=code))
-            # troupe's own: did troupe ask for it, and was it OOM (metrics, logs, dashboard)
-            self.outbox.emit(ChildExited(model, code, expected, oom))
-        if m.phase is Phase.RETRYING:
-            # A load that died of OOM while idle models were resident: evict them all and
-            # try once more.
-            m.oom_retried = True
-            for victim in victims:
-                cause = StopCause(StopReason.MEMORY, model)
-                self.children.stop(self.table.models[victim], cause, now)
-        if self.table.retiring(model):
-            self.table.drop(model)
-        self._settle(now)
+        if self.reports.exited(model, gen, code, now, expected=expected, detail=detail, oom=oom):
+            self._settle(now)
         return self._flush()
-
-    def _measure_again(self, model: str) -> None:
-        """A model whose measurement failed is measured again once it loaded (twice at
-        most): a projection made with the child up may well work."""
-        queue = self.measure
-        if queue is None:
-            return
-        tries = queue.failures.get(model, 0)
-        if 0 < tries < MAX_ATTEMPTS and not queue.pending(model):
-            queue.add([model])
-
-    def _oom_victims(self, m: ModelState) -> list[str]:
-        """The idle models to evict so that a load that died of OOM may be tried once
-        more (none if it was tried again already, or is leaving the table)."""
-        if m.oom_retried or self.table.retiring(m.name):
-            return []
-        victims: list[str] = []
-        while True:
-            victim = pick_victim(self.table.models, self.queue, exclude=[m.name, *victims])
-            if victim is None:
-                return victims
-            victims.append(victim)
 
     # ----- the table as a whole: shutdown, reload, removal ------------------------------------
 
-    def _close(self) -> None:
-        """Shutting down: no new lease or load, and everyone waiting is answered."""
-        requests = self.requests
-        requests.closed = True
-        for wid, w in list(requests.waiters.items()):
-            if w.queued:
-                self.queue.leave(w.model)
-            del requests.waiters[wid]
-            self.outbox.reply(wid, Failure.unavailable("server is shutting down"))
-        for did in list(requests.direct):
-            del requests.direct[did]
-            self.outbox.reply(did, Failure.unavailable("server is shutting down"))
-
     def stop_all(self, rid: int, now: float) -> list[Effect]:
         """Shutdown: fail every waiter, stop every child, answer when none runs."""
-        self._close()
-        for m in list(self.table):
-            self.children.stop(m, StopCause(StopReason.SHUTDOWN), now)
-        self._cancel_measurements()
-        self.requests.stop_all.append(rid)
+        self.shutdown.stop_all(rid, now)
         self._settle(now)
         return self._flush()
 
     def drain(self, now: float) -> list[Effect]:
-        """Shutdown begins: requests holding a lease finish, nothing else starts. Every
-        waiter and parked load is answered at once, and loads under way are killed (no
-        one waits for them); loaded children stay up until `stop_all`."""
-        self._close()
-        for m in list(self.table):
-            if m.phase is Phase.RETRYING:
-                m.move(at_rest(m))
-            if m.status is Status.LOADING or m.spawn_pending:
-                self.children.stop(m, StopCause(StopReason.SHUTDOWN), now)
-        self._cancel_measurements()
+        """Shutdown begins: requests holding a lease finish, nothing else starts (see
+        `Shutdown.drain`); loaded children stay up until `stop_all`."""
+        self.shutdown.drain(now)
         self._settle(now)
         return self._flush()
-
-    def _cancel_measurements(self) -> None:
-        if self.measure is not None:
-            self.measure.todo.clear()
-            if self.measure.running is not None:
-                self.outbox.add(CancelMeasure(self.measure.running[0]))
-                self.measure.running = None
 
     def reload(
         self, rid: int, restart: Iterable[str], models: Iterable[ModelConfig], now: float
@@ -476,23 +366,18 @@ class SchedulerCore:
         now: float,
     ) -> list[Effect]:
         """The engine's projection for ``model`` under ``fingerprint`` (a `Measure`)."""
-        queue = self.measure
-        if queue is not None and queue.finish(model, fingerprint):
+        if self.projections is not None:
             m = self.table.get(model)
-            if m is not None and m.config.fingerprint == fingerprint and any(need.values()):
-                queue.projected[model] = Projection(fingerprint, dict(need), high)
-                self.settler.apply_estimate(m.config)
-                self.outbox.emit(MemoryProjected(model, dict(need)))
+            config = m.config if m is not None else None
+            self.projections.measured(config, model, fingerprint, need, high)
         self._settle(now)
         return self._flush()
 
     def measure_failed(self, model: str, fingerprint: str, reason: str, now: float) -> list[Effect]:
         """The engine could not project ``model``: the estimate stands (upstream settles a
         failed measurement: the load goes on), and it is measured again after a load."""
-        queue = self.measure
-        if queue is not None and queue.finish(model, fingerprint):
-            queue.failed(model)
-            self.outbox.emit(ProjectionFailed(model, reason))
+        if self.projections is not None:
+            self.projections.failed(model, fingerprint, reason)
         self._settle(now)
         return self._flush()
 
@@ -500,11 +385,7 @@ class SchedulerCore:
 
     def next_deadline(self) -> float | None:
         """When `on_time` next has something to do (a TTL expiry, a drain); None if never."""
-        deadlines = [
-            m.idle_since + m.config.ttl
-            for m in self.table
-            if m.config.ttl is not None and self._ttl_candidate(m)
-        ]
+        deadlines = [d for m in self.table if (d := ttl_expiry(m, self.queue)) is not None]
         drain = self.clock.deadline()
         if drain is not None:
             deadlines.append(drain)
@@ -521,8 +402,8 @@ class SchedulerCore:
     def on_time(self, now: float) -> list[Effect]:
         self._now = now
         for m in list(self.table):
-            ttl = m.config.ttl
-            if ttl is not None and self._ttl_candidate(m) and m.idle_since + ttl <= now:
+            expiry = ttl_expiry(m, self.queue)
+            if expiry is not None and expiry <= now:
                 self.children.stop(m, StopCause(StopReason.TTL), now)
         if self.clock.due(now):
             self.settler.start_drain(now)
@@ -531,14 +412,6 @@ class SchedulerCore:
         self._settle(now)
         return self._flush()
 
-    def _ttl_candidate(self, m: ModelState) -> bool:
-        return (
-            m.phase.serves
-            and not m.config.pin  # pinned means never unloaded on troupe's own initiative
-            and m.in_flight == 0
-            and self.queue.find(m.name) is None
-        )
-
     # ----- views ---------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
@@ -546,7 +419,7 @@ class SchedulerCore:
         return Snapshot(
             version=self._version,
             models=model_views(
-                self.table, self.queue, self._situation(), self.memory, self.measure
+                self.table, self.queue, self._situation(), self.memory, self.projections
             ),
             models_max=self.limits.models_max,
             queue=tuple((e.model, e.waiters) for e in self.queue.entries),
@@ -556,22 +429,6 @@ class SchedulerCore:
 
     def _situation(self) -> Situation:
         return Situation(self.changes.reloading, self.settler.has_capacity())
-
-    def _queue_full(self, model: str) -> Failure:
-        """503 with a Retry-After from the measured load times of the models ahead."""
-        ahead = [e.model for e in self.queue.entries]
-        if model not in ahead:
-            ahead.append(model)
-        seconds = 0.0
-        for name in ahead:
-            m = self.table.get(name)
-            load = m.last_load_seconds if m is not None else None
-            seconds += load if load is not None else DEFAULT_LOAD_SECONDS
-        message = (
-            f"too many requests waiting for models ({len(self.requests.waiters)}, --queue-max "
-            f"{self.limits.queue_max}); retry in {max(1, round(seconds))} s"
-        )
-        return Failure(503, message, "unavailable_error", retry_after=max(1.0, seconds))
 
     def _settle(self, now: float) -> None:
         self._now = now

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.table import ModelState
 
-__all__ = ["demand", "evictions_needed", "pick_victim", "record_demand"]
+__all__ = ["demand", "evictions_needed", "pick_victim", "record_demand", "ttl_expiry"]
 
 DEMAND_TAU = 60.0  # seconds: a request's weight in a model's demand decays by e each TAU
 # Wait for a busy model this many times less in demand than the idle one. A trade of
@@ -120,3 +120,14 @@ def evictions_needed(
             n_needed += 1
     n_free = models_max - n_running + n_stopping - n_claimed
     return max(0, n_needed - n_free)
+
+
+def ttl_expiry(m: ModelState, queue: AdmissionQueue) -> float | None:
+    """When ``m``'s ttl unloads it, if it has one and is idle (up, no request in flight
+    or queued, not pinned: pinned means never unloaded on troupe's own initiative)."""
+    ttl = m.config.ttl
+    if ttl is None or not m.phase.serves or m.config.pin or m.in_flight:
+        return None
+    if queue.find(m.name) is not None:
+        return None
+    return m.idle_since + ttl

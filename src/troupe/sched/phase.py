@@ -50,6 +50,11 @@ class Phase(enum.Enum):
         """Takes new leases: up (loaded or asleep) and not on its way out."""
         return self is Phase.LOADED or self is Phase.SLEEPING
 
+    @staticmethod
+    def reporting(status: Status) -> Phase:
+        """The phase of a child serving (or loading) that last reported ``status``."""
+        return _REPORTING[status]
+
     def shows(self, reported: Status) -> Status:
         """llama.cpp's status for this phase; ``reported`` is what the current child last
         said (or what troupe announced for it), shown while it drains or stops."""
@@ -68,6 +73,12 @@ _SHOWN = {
     Phase.LOADING: Status.LOADING,
     Phase.LOADED: Status.LOADED,
     Phase.SLEEPING: Status.SLEEPING,
+}
+
+_REPORTING = {
+    Status.LOADING: Phase.LOADING,
+    Status.LOADED: Phase.LOADED,
+    Status.SLEEPING: Phase.SLEEPING,
 }
 
 # Where a child's end leads: clean, failed, or (crash loop) held back.

@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import attrs
 
-from troupe.sched.admission import Admit, Evict, MemoryAdmission
+from troupe.sched.admission import MemoryAdmission
 from troupe.sched.children import Children, CrashRecord
 from troupe.sched.drain import DrainClock
 from troupe.sched.effects import (
-    CancelMeasure,
     DeleteFiles,
     Failure,
     Grant,
-    Measure,
     Prefetch,
     Reloaded,
 )
-from troupe.sched.events import CatalogueReloaded, DrainStarted, MemoryWarning
+from troupe.sched.events import CatalogueReloaded, DrainStarted
+from troupe.sched.gate import LoadGate
 from troupe.sched.lru import evictions_needed, pick_victim
-from troupe.sched.measuring import MeasureQueue
 from troupe.sched.outbox import Outbox
 from troupe.sched.phase import Phase
+from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.reloads import CatalogueChanges
@@ -34,7 +33,7 @@ from troupe.sched.requests import DirectLoad, Lease, Requests, Waiter
 from troupe.sched.status import Status
 from troupe.sched.table import ModelConfig, ModelState, ModelTable
 
-__all__ = ["FAKE_TIMING_DELAY", "Limits", "Settler", "serving"]
+__all__ = ["FAKE_TIMING_DELAY", "Limits", "Settler"]
 
 FAKE_TIMING_DELAY = 2.0  # LLAMA_SERVER_DEBUG_FAKE_TIMING: seconds before each load
 
@@ -58,7 +57,7 @@ class Settler:
         crashes: CrashRecord,
         clock: DrainClock,
         memory: MemoryAdmission | None,
-        measure: MeasureQueue | None,
+        projections: Projections | None,
         outbox: Outbox,
     ) -> None:
         self.limits = limits
@@ -70,16 +69,17 @@ class Settler:
         self._crashes = crashes
         self._clock = clock
         self._memory = memory
-        self._measure = measure
+        self._projections = projections
         self._out = outbox
         self._prefetched: set[str] = set()  # models waiting for a slot, files read ahead
-
-    # ----- shared with the core --------------------------------------------------------------
+        self.gate = LoadGate(
+            limits.models_max, table, queue, clock, memory, projections, children, outbox
+        )
 
     def has_capacity(self) -> bool:
-        # A pending spawn counts: two claims must never share one slot.
-        models_max = self.limits.models_max
-        return models_max <= 0 or self._table.running_count() < models_max
+        return self.gate.has_capacity()
+
+    # ----- shared with the core --------------------------------------------------------------
 
     def grant(
         self, rid: int, m: ModelState, update_last_used: bool, now: float, *, waited: bool
@@ -92,16 +92,16 @@ class Settler:
         self._out.reply(rid, Grant(m.name, m.port, m.gen, waited))
 
     def forget_measurement(self, name: str) -> None:
-        if self._measure is not None and self._measure.forget(name):
-            self._out.add(CancelMeasure(name))
+        if self._projections is not None:
+            self._projections.forget(name)
 
     def apply_estimate(self, config: ModelConfig) -> None:
         """The best figure known for ``config`` before it runs: the engine's projection
         for this command line, else the catalogue's estimate."""
-        assert self._memory is not None
-        measure = self._measure
-        found = measure.of(config.name, config.fingerprint) if measure else None
-        self._memory.ledger.set_estimate(config.name, found.need if found else config.need)
+        if self._projections is not None:
+            self._projections.estimate(config)
+        elif self._memory is not None:
+            self._memory.ledger.set_estimate(config.name, config.need)
 
     # ----- the settle ------------------------------------------------------------------------
 
@@ -169,8 +169,8 @@ class Settler:
             existing = table.get(name)
             if existing is None or existing.config.fingerprint != config.fingerprint:
                 self.forget_measurement(name)  # a new command line: measured again
-                if self._measure is not None and config.need:
-                    self._measure.add([name])
+                if self._projections is not None and config.need:
+                    self._projections.add([name])
             if existing is None:
                 table.add(config)
                 continue
@@ -241,7 +241,7 @@ class Settler:
         if self._crashes.held_back(m, now):
             self._finish(rid, w, Failure.unavailable(self._crashes.message(m, now)))
             return
-        if not self._changes.reloading and self._queue.can_claim(name) and self._admits(m, now):
+        if not self._changes.reloading and self._queue.can_claim(name) and self.gate.admits(m, now):
             self._queue.claim(name)
             w.did_load = True
             # Upstream's load() sleeps here under LLAMA_SERVER_DEBUG_FAKE_TIMING; the direct
@@ -275,74 +275,13 @@ class Settler:
             self._out.reply(rid, None)
         elif not self.has_capacity():
             self._out.reply(rid, Failure.server_error("model limit reached, try again later"))
-        elif self._memory_admits(m, now):
+        elif self.gate.memory_admits(m, now):
             self._children.spawn(m, now, delay=0.0)
             # Answered at once, before the child has started: a spawn that fails shows as
             # loading -> unloaded (exit code 1) where upstream would answer 500.
             self._out.reply(rid, None)
         else:
             self._requests.direct[rid] = DirectLoad(d.model, d.victim, d.victim_gen)  # freeing
-
-    def _admits(self, m: ModelState, now: float) -> bool:
-        """A queued model may load: a free slot and room in memory, or (see
-        `_starts_beside_leaving`) a slot whose model is already on its way out."""
-        if self.has_capacity():
-            return self._memory_admits(m, now)
-        return self._starts_beside_leaving(m)
-
-    def _starts_beside_leaving(self, m: ModelState) -> bool:
-        """With fair admission and memory admission on, a model takes the slot of an idle
-        one that has been told to exit without waiting for it to be gone, when a reading
-        with nothing started since shows room for both (the leaving child still counted):
-        a swap costs the next cold start, not that plus the victim's exit. Upstream (and
-        ``--drain-after off``) counts a stopping model as running until it exits."""
-        memory = self._memory
-        if not self._clock.fair or memory is None or memory.ledger.need(m.name) is None:
-            return False
-        table = self._table
-        leaving = sum(1 for o in table if o.is_running and o.stopping and not o.in_flight)
-        if table.running_count() - leaving >= self.limits.models_max:
-            return False
-        if self._measure is not None and self._measure.pending(m.name):
-            self._measure.bump(m.name)  # its projection first, as `_memory_admits`
-            return False
-        fits = memory.fits_now(m.name, table.memory_holders())
-        if fits is None:
-            self._children.ask_memory()  # normally asked for already, when the victim was told
-            return False
-        return fits
-
-    def _memory_admits(self, m: ModelState, now: float) -> bool:
-        """Does ``m`` fit in memory with the margin? If not, ask for what it takes (a fresh
-        reading, one eviction at a time) and answer False: the caller waits."""
-        memory = self._memory
-        name = m.name
-        if memory is None:
-            return True
-        measure = self._measure
-        if measure is not None and measure.pending(name) and not memory.ledger.effective.get(name):
-            # Measured first (the engine's projection takes a fraction of a second;
-            # a failure or a timeout falls back to the estimate).
-            measure.bump(name)
-            return False
-        table = self._table
-        verdict, read = memory.verdict(
-            name,
-            table.memory_holders(),
-            stopping=table.any_stopping(),
-            victim=lambda: pick_victim(table.models, self._queue, exclude=(name,)),
-        )
-        if read:
-            self._children.ask_memory()
-        if isinstance(verdict, Evict):
-            cause = StopCause(StopReason.MEMORY, name)
-            self._children.stop(table.models[verdict.victim], cause, now)
-            return False
-        if isinstance(verdict, Admit):
-            if verdict.warning is not None:
-                self._out.emit(MemoryWarning(name, verdict.warning))
-            return True
-        return False
 
     def _tick(self, now: float) -> None:
         """Evict idle models while queued requests outnumber free slots (upstream ``tick``);
@@ -392,7 +331,7 @@ class Settler:
             wanted = self._table.get(target)
             if self._queue.find(target) is None or wanted is None or wanted.is_running:
                 m.drain_for = None
-                m.move(serving(m))
+                m.move(Phase.reporting(m.reported))
 
     def start_drain(self, now: float) -> None:
         """The queue has starved for ``drain_after``: the busy model with the least demand
@@ -426,23 +365,8 @@ class Settler:
 
     def measure_next(self) -> None:
         """Start the next measurement, if none runs (one engine process at a time)."""
-        measure = self._measure
-        if measure is None or self._requests.closed:
+        if self._projections is None or self._requests.closed:
             return
         fingerprints = {m.name: m.config.fingerprint for m in self._table}
-        measure.todo = [n for n in measure.todo if n in fingerprints]
         wanted = self._requests.wanted() + [e.model for e in self._queue.entries]
-        for name in reversed(wanted):  # models requests wait for first, in their order
-            measure.bump(name)
-        job = measure.start(fingerprints)
-        if job is not None:
-            self._out.add(Measure(*job))
-
-
-def serving(m: ModelState) -> Phase:
-    """The phase a child serving again is in, by what it last reported."""
-    if m.reported is Status.SLEEPING:
-        return Phase.SLEEPING
-    if m.reported is Status.LOADING:
-        return Phase.LOADING
-    return Phase.LOADED
+        self._projections.start_next(fingerprints, wanted)

@@ -7,9 +7,9 @@ import attrs
 
 from troupe.sched.admission import MemoryAdmission
 from troupe.sched.events import QueueChanged
-from troupe.sched.measuring import MeasureQueue
 from troupe.sched.memory import PerDevice
 from troupe.sched.outbox import Outbox
+from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.status import Status
 from troupe.sched.table import ModelState, ModelTable, ModelView
@@ -81,7 +81,7 @@ def model_views(
     queue: AdmissionQueue,
     situation: Situation,
     memory: MemoryAdmission | None,
-    measure: MeasureQueue | None,
+    projections: Projections | None,
 ) -> dict[str, ModelView]:
     waiting = {e.model: e.waiters for e in queue.entries}
     reasons = {e.model: wait_reason(table, queue, e.model, situation) for e in queue.entries}
@@ -113,25 +113,25 @@ def model_views(
             memory_need=ledger.estimates.get(name) if ledger else None,
             memory_used=ledger.effective.get(name) if ledger else None,
             memory_reserved=ledger.need(name) if ledger else None,
-            memory_source=_memory_source(m, memory, measure),
-            memory_high=_projection_high(m, measure),
+            memory_source=_memory_source(m, memory, projections),
+            memory_high=_projection_high(m, projections),
         )
         for name, m in sorted(table.models.items())
     }
 
 
 def _memory_source(
-    m: ModelState, memory: MemoryAdmission | None, measure: MeasureQueue | None
+    m: ModelState, memory: MemoryAdmission | None, projections: Projections | None
 ) -> str | None:
     if memory is None:
         return None
-    if measure is not None and measure.of(m.name, m.config.fingerprint):
+    if projections is not None and projections.of(m.name, m.config.fingerprint):
         return "engine"
     return "estimate" if memory.ledger.estimates.get(m.name) else None
 
 
-def _projection_high(m: ModelState, measure: MeasureQueue | None) -> PerDevice | None:
-    if measure is None:
+def _projection_high(m: ModelState, projections: Projections | None) -> PerDevice | None:
+    if projections is None:
         return None
-    found = measure.of(m.name, m.config.fingerprint)
+    found = projections.of(m.name, m.config.fingerprint)
     return found.high if found is not None else None

@@ -197,6 +197,28 @@ def test_the_next_model_waits_for_the_victims_exit_when_both_do_not_fit() -> Non
     assert [s.model for s in d.spawns] == ["a", "b"]
 
 
+def test_a_model_of_unknown_need_still_coming_up_keeps_a_swap_waiting_for_its_victim() -> None:
+    # Found by a 3000-example run of the ledger machine: d (no estimate) was starting,
+    # so neither the ledger nor the reading counted it, and c was started beside the
+    # leaving b; once up, d held 80 MiB and the three no longer fitted with the margin.
+    d = Driver(
+        core({"b": 300 * MiB, "c": 250 * MiB, "d": None}, margin=50 * MiB, models_max=2,
+             drain_after=1.0),
+        other_use=100 * MiB,
+        total=700 * MiB,
+    )  # fmt: skip
+    d.run(d.c.acquire(1, "b", d.now))
+    d.start("b")
+    d.run(d.c.acquire(2, "d", d.now))  # spawned, not started yet: need unknown
+    d.run(d.c.release(1, d.now))
+    d.run(d.c.acquire(3, "c", d.now))  # b is told to stop for c
+    assert [(s.model, s.cause) for s in d.stops] == [("b", StopCause(StopReason.LRU, "c"))]
+    assert [s.model for s in d.spawns] == ["b", "d"]  # c waits for b's exit
+    d.start("d")
+    d.exit("b")
+    assert [s.model for s in d.spawns] == ["b", "d", "c"]
+
+
 def test_without_fair_admission_or_a_known_need_a_swap_waits_for_the_exit() -> None:
     # --drain-after off is upstream: a stopping model holds its slot until it is gone.
     upstream = swap_to_b({"a": 300 * MiB, "b": 300 * MiB}, drain_after=None)
