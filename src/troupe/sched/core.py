@@ -7,9 +7,10 @@ The core is a composition of small parts, each owning its own state:
 - `ModelTable` (table.py): every model's lifecycle phase (phase.py) and data;
 - `AdmissionQueue` (queue.py) and `Requests` (requests.py): who waits, who holds a lease;
 - `Children` (children.py): the only place that spawns and stops; `CrashRecord`: holds;
-- `MemoryAdmission` (admission.py) and `MeasureQueue` (measuring.py): memory;
+- `ChildReports` (child_reports.py): what a child's news does to its model;
+- `LoadGate` (gate.py): may a model load now (slots, `MemoryAdmission`, `Projections`);
 - `DrainClock` (drain.py): fair admission's timer and swap count;
-- `CatalogueChanges` (reloads.py): reloads and removals under way;
+- `CatalogueChanges` (reloads.py): reloads and removals under way; `Shutdown`;
 - `Settler` (settle.py): after each event, who is answered, who loads, who goes.
 """
 
