@@ -13,7 +13,6 @@ import logging
 import trio
 
 from troupe.http import cors
-from troupe.http.context import RouterContext
 from troupe.http.errors import NOT_FOUND_BODY, middleware_error_body
 from troupe.http.proxy_routes import handle_proxy_get, handle_proxy_post, handle_stream_get
 from troupe.http.routing import Route, classify, is_dashboard, strip_prefix
@@ -21,6 +20,7 @@ from troupe.http.server.asgi_adapter import AsgiApp
 from troupe.http.server.exchange import Exchange
 from troupe.http.server.parse import Request
 from troupe.http.upgrade import serve_upgrade
+from troupe.router import Router
 
 __all__ = ["Front"]
 
@@ -33,7 +33,7 @@ _UNAUTHORIZED = middleware_error_body("Invalid API Key", "authentication_error",
 
 
 class Front:
-    def __init__(self, ctx: RouterContext, local: AsgiApp) -> None:
+    def __init__(self, ctx: Router, local: AsgiApp) -> None:
         self.ctx = ctx
         self.local = local
         settings = ctx.settings

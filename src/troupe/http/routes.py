@@ -16,11 +16,11 @@ from troupe import __version__
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.catalog.hfcache import split_repo_tag
 from troupe.errors import ConfigError
-from troupe.http.context import RouterContext
 from troupe.http.errors import JSON_TYPE, dumps, error_body, failure_body, status_of
 from troupe.http.models_json import models_list, settled_downloads
 from troupe.http.streams import register_stream_routes
 from troupe.ops.routes import register_ops_routes
+from troupe.router import Router
 from troupe.sched import Failure
 from troupe.sched.base import FAKE_TIMING_DELAY
 
@@ -53,7 +53,7 @@ async def _model_from_json() -> str | Response:
     return value if isinstance(value, str) else ""
 
 
-def create_local_app(ctx: RouterContext) -> QuartTrio:
+def create_local_app(ctx: Router) -> QuartTrio:
     app = QuartTrio("troupe")
     app.config.update(
         RESPONSE_TIMEOUT=None,  # SSE streams live as long as their client

@@ -14,8 +14,8 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from troupe.http.context import RouterContext
 from troupe.http.errors import JSON_TYPE, dumps, error_body
+from troupe.router import Router
 
 __all__ = ["register_stream_routes"]
 
@@ -27,7 +27,7 @@ def _error(message: str, type_: str, status: int) -> Response:
     return Response(error_body(message, type_), status=status, content_type=JSON_TYPE)
 
 
-def register_stream_routes(app: QuartTrio, ctx: RouterContext) -> None:
+def register_stream_routes(app: QuartTrio, ctx: Router) -> None:
     prefix = ctx.settings.api_prefix
 
     async def lookup_in(model: str, ids: list[str], found: list[Any]) -> None:

@@ -15,11 +15,11 @@ import binascii
 import trio
 import trio_websocket
 
-from troupe.http.context import RouterContext
 from troupe.http.errors import error_body
 from troupe.http.server.exchange import Exchange
 from troupe.http.server.parse import Request
 from troupe.realtime import serve_realtime
+from troupe.router import Router
 
 __all__ = ["ReplayStream", "serve_upgrade"]
 
@@ -78,7 +78,7 @@ def handshake_error(request: Request) -> str | None:
 
 
 async def serve_upgrade(
-    ctx: RouterContext, exchange: Exchange, stream: trio.abc.Stream, rest: bytes
+    ctx: Router, exchange: Exchange, stream: trio.abc.Stream, rest: bytes
 ) -> None:
     """Hand the connection to trio-websocket and the request to `serve_realtime`."""
     problem = handshake_error(exchange.request)

@@ -14,9 +14,9 @@ import importlib.resources
 from quart import Response, redirect, request
 from quart_trio import QuartTrio
 
-from troupe.http.context import RouterContext
 from troupe.http.errors import JSON_TYPE, error_body
 from troupe.http.routing import DASHBOARD
+from troupe.router import Router
 
 __all__ = ["load_static", "register_dashboard_routes"]
 
@@ -45,7 +45,7 @@ def load_static() -> dict[str, bytes]:
     return out
 
 
-def register_dashboard_routes(app: QuartTrio, ctx: RouterContext) -> None:
+def register_dashboard_routes(app: QuartTrio, ctx: Router) -> None:
     prefix = ctx.settings.api_prefix
     files = load_static()
     etags = {name: hashlib.sha256(data).hexdigest()[:16] for name, data in files.items()}

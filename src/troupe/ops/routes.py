@@ -12,11 +12,11 @@ from prometheus_client.metrics_core import Metric
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from troupe.http.context import RouterContext
 from troupe.http.errors import JSON_TYPE, dumps, error_body
 from troupe.ops.children import merge_families, scrape_children
 from troupe.ops.dashboard import register_dashboard_routes
 from troupe.ops.state import ScrapeState, state_families
+from troupe.router import Router
 from troupe.sched.memory import MemorySample
 
 __all__ = ["register_ops_routes", "render_metrics"]
@@ -34,7 +34,7 @@ class _Families:
         return self._families
 
 
-async def _sample(ctx: RouterContext, pids: list[int]) -> MemorySample | None:
+async def _sample(ctx: Router, pids: list[int]) -> MemorySample | None:
     sampler = ctx.scheduler.sampler
     if sampler is None:
         return None
@@ -45,7 +45,7 @@ async def _sample(ctx: RouterContext, pids: list[int]) -> MemorySample | None:
         return None
 
 
-async def render_metrics(ctx: RouterContext, client: httpx.AsyncClient) -> bytes:
+async def render_metrics(ctx: Router, client: httpx.AsyncClient) -> bytes:
     """troupe's exposition: its counters, the snapshot's gauges, the children's own."""
     snap = ctx.scheduler.snapshot
     running = [v for v in snap.models.values() if v.status.is_running]
@@ -68,7 +68,7 @@ def _sse(data: object, event: str | None = None) -> bytes:
     return head + b"data: " + dumps(data) + b"\n\n"
 
 
-def register_ops_routes(app: QuartTrio, ctx: RouterContext) -> None:
+def register_ops_routes(app: QuartTrio, ctx: Router) -> None:
     prefix = ctx.settings.api_prefix
     client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
 

@@ -13,13 +13,13 @@ from typing import cast
 
 import trio
 
-from troupe.http.context import RouterContext
 from troupe.http.front import Front
 from troupe.http.routes import create_local_app
 from troupe.http.server.asgi_adapter import ASGIApp, AsgiApp
 from troupe.http.server.config import ServerConfig
 from troupe.http.server.lifecycle import HttpServer
 from troupe.http.server.listen import open_listeners
+from troupe.router import Router
 from troupe.settings.router import RouterSettings
 
 __all__ = ["DRAIN_TIMEOUT", "HttpServer", "ServerConfig", "serve_http", "server_config"]
@@ -40,7 +40,7 @@ def server_config(settings: RouterSettings) -> ServerConfig:
 
 
 async def serve_http(
-    ctx: RouterContext,
+    ctx: Router,
     *,
     config: ServerConfig | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
