@@ -17,8 +17,8 @@ import httpx
 import trio
 
 from troupe.child.ledger import PidLedger
-from troupe.cli import split_troupe_flags
 from troupe.engine import probe_engine
+from troupe.prepare import split_troupe_flags
 from troupe.router import Router, build_router
 from troupe.sched import Snapshot, Status
 from troupe.service import serve_router, shutdown
