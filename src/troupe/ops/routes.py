@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
-import httpx
 import trio
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -45,13 +44,13 @@ async def _sample(ctx: Router, pids: list[int]) -> MemorySample | None:
         return None
 
 
-async def render_metrics(ctx: Router, client: httpx.AsyncClient) -> bytes:
+async def render_metrics(ctx: Router) -> bytes:
     """troupe's exposition: its counters, the snapshot's gauges, the children's own."""
     snap = ctx.scheduler.snapshot
     running = [v for v in snap.models.values() if v.status.is_running]
     ports = {v.name: v.port for v in running if v.port and v.status.is_ready_or_sleeping}
     sample = await _sample(ctx, [v.pid for v in running if v.pid])
-    children, up = await scrape_children(client, ports)
+    children, up = await scrape_children(ctx.relay.pool, ports)
     state = ScrapeState(
         snapshot=ctx.scheduler.snapshot,  # the freshest, after the awaits above
         margin=ctx.settings.memory_margin_bytes,
@@ -70,7 +69,6 @@ def _sse(data: object, event: str | None = None) -> bytes:
 
 def register_ops_routes(app: QuartTrio, ctx: Router) -> None:
     prefix = ctx.settings.api_prefix
-    client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
 
     @app.before_serving
     async def end_log_streams_at_shutdown() -> None:
@@ -80,13 +78,9 @@ def register_ops_routes(app: QuartTrio, ctx: Router) -> None:
 
         app.nursery.start_soon(watch)
 
-    @app.after_serving
-    async def close_client() -> None:
-        await client.aclose()
-
     @app.get(prefix + "/metrics")
     async def metrics() -> Response:
-        body = await render_metrics(ctx, client)
+        body = await render_metrics(ctx)
         return Response(body, content_type=CONTENT_TYPE_PLAIN_0_0_4)
 
     @app.get(prefix + "/logs/stream")
