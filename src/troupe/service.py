@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 
 import trio
 
@@ -26,8 +27,9 @@ from troupe.child.ledger import PidLedger, default_state_dir, reap_orphans
 from troupe.child.process import kill_group
 from troupe.engine import Engine
 from troupe.errors import TroupeError
-from troupe.http.server import serve_http
+from troupe.http.serve import serve_http
 from troupe.ops.ready import ready_line
+from troupe.realtime import serve_realtime
 from troupe.router import Router, build_router
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
@@ -117,7 +119,7 @@ async def serve_router(
     """Scheduler + HTTP server; reports the bound URLs once listening."""
     async with trio.open_nursery() as nursery:
         await nursery.start(router.scheduler.run)
-        urls = await nursery.start(serve_http, router)
+        urls = await nursery.start(partial(serve_http, router, websocket=serve_realtime))
         router.ready = True  # upstream: ready right after binding, before startup loads
         for url in urls:
             # Always shown, whatever the log level: with --port 0 it is how to find the port.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import quote
 
@@ -12,7 +11,8 @@ import trio
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.catalog import ModelEntry
 from troupe.http.body_model import BadBody, model_from_body
-from troupe.http.errors import error_body, failure_body
+from troupe.http.errors import error_body
+from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
 from troupe.proxy.relay import ChildLost
 from troupe.router import Router
@@ -25,7 +25,6 @@ __all__ = [
     "handle_proxy_get",
     "handle_proxy_post",
     "handle_stream_get",
-    "retry_after",
     "validate_model",
 ]
 
@@ -53,16 +52,6 @@ def validate_model(ctx: Router, name: str, autoload: bool) -> ModelEntry | Failu
         if view is None or not view.status.is_running:
             return Failure.bad_request("model is not loaded")
     return entry
-
-
-async def _send_failure(ex: Exchange, failure: Failure) -> None:
-    await ex.respond(failure.status, failure_body(failure), headers=retry_after(failure))
-
-
-def retry_after(failure: Failure) -> list[tuple[bytes, bytes]]:
-    if failure.retry_after is None:
-        return []
-    return [(b"Retry-After", str(max(1, math.ceil(failure.retry_after))).encode())]
 
 
 async def acquire_within(
@@ -128,7 +117,7 @@ async def _serve(
     autoload = autoload_flag(ex.params, ctx.settings.models_autoload)
     checked = validate_model(ctx, name, autoload)
     if isinstance(checked, Failure):
-        await _send_failure(ex, checked)
+        await send_failure(ex, checked)
         return
 
     async def work() -> None:
@@ -167,7 +156,7 @@ async def _lease_and_relay(
                     ctx, entry.name, autoload=autoload, update_last_used=update_last_used
                 )
     except ModelUnavailable as exc:
-        await _send_failure(ex, exc.failure)
+        await send_failure(ex, exc.failure)
         return
     finally:
         if ticket:
@@ -176,7 +165,7 @@ async def _lease_and_relay(
         if not wait_scope.cancelled_caught:
             await scheduler.release(rid)
         msg = "request cancelled by a stop while the model was loading"
-        await _send_failure(ex, Failure.bad_request(msg))
+        await send_failure(ex, Failure.bad_request(msg))
         return
     try:
         if ctx.fake_timing:

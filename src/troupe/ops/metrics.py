@@ -17,7 +17,7 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 
-from troupe.http.routing import PROXY_GET_PATHS, PROXY_POST_PATHS, strip_prefix
+from troupe.api import PROXY_GET_PATHS, PROXY_POST_PATHS, strip_prefix
 from troupe.sched import Snapshot
 
 __all__ = ["RouterMetrics", "eviction_reason", "route_label"]

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import trio
 
-from troupe.http.errors import JSON_TYPE, dumps
+from troupe.api import JSON_TYPE, dumps
 from troupe.proxy.upstream import Child, UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["ChildLost", "Client", "Relay", "request_headers", "response_fields"]

@@ -14,11 +14,12 @@ from functools import partial
 from typing import Protocol
 from urllib.parse import parse_qsl
 
+from troupe.api import JSON_TYPE, strip_prefix
 from troupe.catalog import ModelEntry
-from troupe.http.errors import JSON_TYPE, NOT_FOUND_BODY, failure_body, middleware_error_body
+from troupe.http.errors import NOT_FOUND_BODY, failure_body, middleware_error_body
 from troupe.http.models_json import architecture_of
-from troupe.http.proxy_routes import autoload_flag, retry_after, validate_model
-from troupe.http.routing import strip_prefix
+from troupe.http.proxy_routes import autoload_flag, validate_model
+from troupe.http.respond import retry_after
 from troupe.realtime.config import SessionConfig
 from troupe.realtime.events import RealtimeError
 from troupe.realtime.lease import ChildCall
@@ -37,7 +38,7 @@ Headers = list[tuple[bytes, bytes]]
 
 
 class WebSocketRequest(Protocol):
-    """trio-websocket's server-side ``WebSocketRequest`` (or the ASGI adapter's)."""
+    """trio-websocket's server-side ``WebSocketRequest``."""
 
     @property
     def path(self) -> str: ...
