@@ -74,7 +74,13 @@ class ChildConnection:
 
     def on_headers_complete(self) -> None:
         self.head_done = True
-        self.keep_alive = self.parser.should_keep_alive()
+        # llama-server (cpp-httplib) closes the connection right after a chunked answer
+        # (a stream) although it says keep-alive: measured, its FIN follows the last
+        # chunk at once. Pooled, the connection would race that close (the next request
+        # sent into it is lost, and a POST cannot go again), so it is not kept.
+        self.keep_alive = self.parser.should_keep_alive() and not any(
+            k.lower() == b"transfer-encoding" and b"chunked" in v.lower() for k, v in self.headers
+        )
 
     def on_body(self, body: bytes) -> None:
         if self.collect:

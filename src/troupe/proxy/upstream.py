@@ -12,12 +12,14 @@ llama-server's exit about 110 ms (60 swaps also used to leave hundreds of descri
 open); one in use held it for the whole stop-timeout, as llama-server does not exit
 while a request waits on its stopped task loop, which will never answer it.
 
-A request that may have reached a child is never sent twice. An idle pooled
-connection is checked for the child's close (a non-blocking peek) before it carries
-one; if it breaks anyway before any answer, the request goes again on another
-connection only when none of it was written, or when it is a GET or a HEAD (which
-change nothing). A POST whose bytes went out fails with the upstream error instead:
-the child may have read it and started generating.
+A request that may have reached a child is never sent twice. A connection the child
+is about to close is not pooled (llama-server closes one after every chunked answer,
+though it says keep-alive), and an idle pooled connection is checked for the child's
+close (a non-blocking peek: its keep-alive timeout) before it carries a request; if
+it breaks anyway before any answer, the request goes again on another connection only
+when none of it was written, or when it is a GET or a HEAD (which change nothing). A
+POST whose bytes went out fails with the upstream error instead: the child may have
+read it and started generating.
 
 Each child keeps at most `set_limit` connections open between requests. llama-server
 binds a worker thread to each keep-alive connection, and a connection it cannot
@@ -251,10 +253,10 @@ class UpstreamPool:
     async def send(self, child: Child, wire: bytes) -> UpstreamResponse:
         """`request` with the request already rendered (`render_request`).
 
-        A pooled connection the child closed in the meantime (llama-server closes some
-        after a stream although it said keep-alive) is mostly found before use; one that
-        breaks before any answer is tried again on another connection only when the
-        request cannot have reached the child, or is a GET or a HEAD (module docstring).
+        A pooled connection the child closed in the meantime is mostly found before use;
+        one that breaks before any answer is tried again on another connection only when
+        the request cannot have reached the child, or is a GET or a HEAD (module
+        docstring).
         """
         key = (child.model, child.gen)
         repeatable = wire.startswith(_REPEATABLE)

@@ -356,3 +356,28 @@ async def test_the_live_generation_is_the_started_child_not_yet_gone() -> None:
     pool.set_limit("m", 2, 4)  # a late start of a child already gone changes nothing
     assert pool.live_generation("m") is None
     await pool.aclose()
+
+
+async def test_a_chunked_answers_connection_is_not_kept_so_a_post_after_a_stream_is_safe() -> None:
+    # llama-server closes the connection right after a stream's last chunk (though it
+    # says keep-alive); pooled, the next request would race that close and be lost.
+    received: list[bytes] = []
+
+    async def stream_then_close(stream: trio.SocketStream, _: int) -> None:
+        request = await read_request(stream)
+        received.append(request.split(b" ", 1)[0])
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"2\r\nok\r\n0\r\n\r\n"
+        )
+
+    async with trio.open_nursery() as nursery:
+        port, seen = await serve(nursery, stream_then_close)
+        pool = UpstreamPool()
+        assert await read_all(pool, port) == (200, b"ok")
+        assert pool.idle_count == 0
+        assert await read_all(pool, port, b'{"prompt": "x"}') == (200, b"ok")
+        assert received == [b"POST", b"POST"]
+        assert seen == [1, 2]
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
