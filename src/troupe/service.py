@@ -18,21 +18,23 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 
 import trio
 
-from troupe.actors.scheduler import Scheduler
+from troupe.actors.scheduler import ModelUnavailable, Scheduler
 from troupe.child.ledger import PidLedger, default_state_dir, reap_orphans
 from troupe.child.process import kill_group
 from troupe.engine import Engine
 from troupe.errors import TroupeError
-from troupe.http.context import RouterContext, build_context
-from troupe.http.server import serve_http
+from troupe.http.serve import serve_http
 from troupe.ops.ready import ready_line
+from troupe.realtime import serve_realtime
+from troupe.router import Router, build_router
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
 
-__all__ = ["run_service", "serve_router"]
+__all__ = ["HTTP_GRACE", "SHUTDOWN_GRACE", "run_service", "serve_router", "shutdown"]
 
 log = logging.getLogger("troupe.service")
 
@@ -70,22 +72,22 @@ async def _main(settings: RouterSettings, engine: Engine, table: OptionTable) ->
         log.warning("reaped orphaned child pid=%d left by a dead troupe", pid)
     ledger = PidLedger(state_dir)
     try:
-        ctx = build_context(settings, engine, table, ledger)
+        router = build_router(settings, engine, table, ledger)
         try:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async with trio.open_nursery() as root:
-                    await root.start(serve_router, ctx)
+                    await root.start(serve_router, router)
                     # What start-up built lives as long as the process: out of the
                     # collector's sight, a full collection no longer scans it (88 ms
                     # pauses under load before, each a p99 spike).
                     gc.freeze()
                     sig = await _first_signal(signals)
                     log.info("%s: shutting down", signal.Signals(sig).name)
-                    root.start_soon(_second_signal_exits, signals, ctx.scheduler)
-                    await shutdown(ctx)
+                    root.start_soon(_second_signal_exits, signals, router.scheduler)
+                    await shutdown(router)
                     root.cancel_scope.cancel()
         finally:
-            ctx.close()
+            router.close()
     finally:
         ledger.close()
     return 0
@@ -112,41 +114,64 @@ def _kill_children(scheduler: Scheduler) -> None:
 
 
 async def serve_router(
-    ctx: RouterContext, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+    router: Router, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Scheduler + HTTP server; reports the bound URLs once listening."""
     async with trio.open_nursery() as nursery:
-        await nursery.start(ctx.scheduler.run)
-        urls = await nursery.start(serve_http, ctx)
-        ctx.ready = True  # upstream: ready right after binding, before startup loads
+        await nursery.start(router.scheduler.run)
+        urls = await nursery.start(partial(serve_http, router, websocket=serve_realtime))
+        router.ready = True  # upstream: ready right after binding, before startup loads
         for url in urls:
             # Always shown, whatever the log level: with --port 0 it is how to find the port.
             log.log(max(logging.INFO, log.getEffectiveLevel()), "listening on %s", url)
-        log.log(max(logging.INFO, log.getEffectiveLevel()), "%s", ready_line(ctx, urls))
+        names = [e.name for e in router.catalog]
+        line = ready_line(router.settings, names, urls)
+        log.log(max(logging.INFO, log.getEffectiveLevel()), "%s", line)
         task_status.started(urls)
-        await ctx.downloads.resume(ctx.scheduler)
-        await ctx.load_on_startup()
+        await router.downloads.resume(router.scheduler)
+        await load_on_startup(router)
 
 
-async def shutdown(ctx: RouterContext) -> None:
-    ctx.scheduler.bus.close()  # SSE streams end now, not when the graceful window cuts them
+async def load_on_startup(router: Router) -> None:
+    """Spawn each ``load-on-startup`` model in turn, once the server listens (§6.8)."""
+    for name in router.catalog.startup_models():
+        try:
+            await router.scheduler.load(name)
+        except ModelUnavailable as exc:
+            raise TroupeError(f"failed to load models on startup: {name}: {exc}") from None
+
+
+async def shutdown(router: Router) -> None:
+    scheduler = router.scheduler
+    scheduler.bus.close()  # SSE streams end now, not when the graceful window cuts them
     with trio.move_on_after(SHUTDOWN_GRACE):
-        await ctx.scheduler.drain()  # waiters answered, no new load
-    if ctx.http_server is not None:  # no new connection; idle keep-alive ones closed
-        ctx.http_server.stop_accepting()
-        ctx.http_server.close_idle()
-    drain = ctx.settings.drain_timeout
+        await scheduler.drain()  # waiters answered, no new load
+    if router.http_server is not None:  # no new connection; idle keep-alive ones closed
+        router.http_server.stop_accepting()
+        router.http_server.close_idle()
+    drain = router.settings.drain_timeout
     with trio.move_on_after(drain) as scope:  # requests in flight get up to --drain-timeout
-        await ctx.scheduler.wait_until(lambda s: not any(m.in_flight for m in s.models.values()))
+        await scheduler.wait_until(lambda s: not any(m.in_flight for m in s.models.values()))
     if scope.cancelled_caught:
         log.warning("requests still in flight after the %gs drain: cutting them", drain)
     with trio.move_on_after(HTTP_GRACE) as scope:
-        await ctx.stop_http()
+        await _stop_http(router)
     if scope.cancelled_caught:
         log.error("HTTP handlers still running %gs after the server was stopped", HTTP_GRACE)
-    deadline = ctx.max_stop_seconds() + SHUTDOWN_GRACE
+    deadline = _max_stop_seconds(router) + SHUTDOWN_GRACE
     with trio.move_on_after(deadline) as scope:
-        await ctx.scheduler.stop_all()
+        await scheduler.stop_all()
     if scope.cancelled_caught:
         log.error("children still running after %gs: killing them", deadline)
-        _kill_children(ctx.scheduler)
+        _kill_children(scheduler)
+
+
+async def _stop_http(router: Router) -> None:
+    router.http_stop.set()
+    await router.http_done.wait()
+    with trio.CancelScope(shield=True):
+        await router.relay.aclose()
+
+
+def _max_stop_seconds(router: Router) -> float:
+    return max((e.stop_timeout + e.term_grace for e in router.catalog), default=15.0)

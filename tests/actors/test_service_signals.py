@@ -87,15 +87,15 @@ def test_a_failure_raised_inside_the_service_is_one_line_and_its_exit_code(
 ) -> None:
     # A load-on-startup failure is raised inside the root nursery, so it arrives wrapped
     # in an exception group: the user must still see one line, not a traceback.
+    from troupe import service  # noqa: PLC0415
     from troupe.cli import prepare_router  # noqa: PLC0415
     from troupe.errors import TroupeError  # noqa: PLC0415
-    from troupe.http.context import RouterContext  # noqa: PLC0415
     from troupe.service import run_service  # noqa: PLC0415
 
-    async def failing(self: RouterContext) -> None:
+    async def failing(router: object) -> None:
         raise TroupeError("failed to load models on startup: a: model limit reached")
 
-    monkeypatch.setattr(RouterContext, "load_on_startup", failing)
+    monkeypatch.setattr(service, "load_on_startup", failing)
     preset = write_preset(tmp_path, {"a": {"load-on-startup": "true"}})
     prepared = prepare_router(
         [

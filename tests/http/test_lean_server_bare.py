@@ -1,14 +1,10 @@
-"""The server's own mechanics with a minimal handler: timeouts, the drain's steps, the
-ASGI lifespan, a handler that fails."""
+"""The server's own mechanics with a minimal handler: timeouts, the drain's steps, a
+handler that fails."""
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-from typing import Any
-
 import trio
 
-from troupe.http.server.asgi_adapter import AsgiApp
 from troupe.http.server.config import ServerConfig
 from troupe.http.server.exchange import Exchange
 from troupe.http.server.lifecycle import HttpServer
@@ -107,25 +103,3 @@ async def test_the_drain_lets_a_request_in_flight_finish_and_closes_idle_ones() 
         assert answer.startswith(b"HTTP/1.1 200 ")
         assert b"Connection: close" in answer
         await server.drain(0)
-
-
-async def test_the_lifespan_runs_startup_then_shutdown() -> None:
-    seen: list[str] = []
-
-    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        assert scope["type"] == "lifespan"
-        while True:
-            message = await receive()
-            seen.append(message["type"])
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            else:
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
-    adapter = AsgiApp(app)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(adapter.run_lifespan)
-        assert seen == ["lifespan.startup"]
-        await adapter.shutdown()
-    assert seen == ["lifespan.startup", "lifespan.shutdown"]

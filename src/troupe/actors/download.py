@@ -15,41 +15,20 @@ both, and the next start resumes from the journal.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
-import attrs
 import trio
 
 from troupe.download.hubapi import HubError, open_client
 from troupe.download.job import DownloadJob, ProgressMap
-from troupe.download.journal import Journal
-from troupe.download.plan import DownloadPlan, PlanError
-from troupe.download.transfer import DEFAULT_POLICY, BusyError, ChecksumError, RetryPolicy
+from troupe.download.plan import PlanError
+from troupe.download.spec import DownloadSpec
+from troupe.download.transfer import BusyError, ChecksumError
 from troupe.messages import DownloadFailed, DownloadFinished, DownloadProgress, Message
 from troupe.modellog import about
 
 __all__ = ["DownloadActor", "DownloadSpec"]
 
 log = logging.getLogger("troupe.download")
-
-STALL_TIMEOUT = 120.0  # no byte for this long, retries included: the job has failed
-
-
-@attrs.frozen
-class DownloadSpec:
-    """Everything one job needs; ``plan`` is None when planning failed (``error`` says why)."""
-
-    name: str
-    job: int
-    plan: DownloadPlan | None
-    cache: Path
-    endpoint: str
-    token: str = ""
-    journal: Journal | None = None
-    error: str = ""
-    error_status: int = 0
-    stall_timeout: float = STALL_TIMEOUT
-    policy: RetryPolicy = DEFAULT_POLICY
 
 
 class DownloadActor:

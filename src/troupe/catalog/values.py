@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from troupe.settings.flags import is_falsey, is_truthy
+
 __all__ = [
     "ASCII_SPACE",
     "byte_order",
@@ -23,16 +25,6 @@ __all__ = [
 ASCII_SPACE = " \t\n\v\f\r"
 _STOI = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
-
-
-def is_truthy(value: str) -> bool:
-    """``common_arg_utils::is_truthy``: exactly on, enabled, true or 1 (case-sensitive)."""
-    return value in ("on", "enabled", "true", "1")
-
-
-def is_falsey(value: str) -> bool:
-    """``common_arg_utils::is_falsey``: exactly off, disabled, false or 0."""
-    return value in ("off", "disabled", "false", "0")
 
 
 def stoi(value: str) -> int:

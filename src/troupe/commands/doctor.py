@@ -15,8 +15,6 @@ from pathlib import Path
 from troupe.catalog import Catalog, ModelEntry, build_catalog
 from troupe.catalog.facts import FactsCache
 from troupe.catalog.memory import model_need
-from troupe.cli import prepare_router
-from troupe.engine import find_engine, probe_engine
 from troupe.errors import ConfigError, EngineNotFound, UsageError
 from troupe.gguf import GGUFError, read_model_facts, shard_paths
 from troupe.hardware import (
@@ -29,11 +27,10 @@ from troupe.hardware import (
     estimate_memory,
     feasibility,
     format_bytes,
-    inspect_build,
     read_devices,
-    run_list_devices,
 )
 from troupe.hardware.engines import priority
+from troupe.prepare import engine_args, inspect_builds, prepare_router
 
 __all__ = ["DOCTOR_HELP", "run_doctor"]
 
@@ -56,44 +53,6 @@ besides GPU memory), RED (does not fit).
 """
 
 _HELP = ("-h", "--help", "--usage")
-
-
-def engine_args(args: Sequence[str]) -> tuple[list[tuple[str | None, str]], list[str]]:
-    """Every ``--engine [LABEL=]PATH`` (label, path), and the other arguments."""
-    engines: list[tuple[str | None, str]] = []
-    rest: list[str] = []
-    i = 0
-    while i < len(args):
-        if args[i] != "--engine":
-            rest.append(args[i])
-            i += 1
-            continue
-        if i + 1 >= len(args):
-            raise UsageError("flag '--engine' needs a value ([LABEL=]PATH)")
-        label, sep, path = args[i + 1].partition("=")
-        # a label never holds a slash, so "/opt/a=b/llama-server" stays a path
-        engines.append((label, path) if sep and label and "/" not in label else (None, args[i + 1]))
-        i += 2
-    return engines, rest
-
-
-def inspect_builds(
-    engines: list[tuple[str | None, str]],
-) -> tuple[list[EngineBuild], dict[Path, str]]:
-    """Inspect every build; versions (or why `--version` failed) by path."""
-    if engines:
-        found = [(label, *find_engine(path)) for label, path in engines]  # bad path: error
-    else:
-        path, source = find_engine()
-        found = [(source, path, source)]
-    builds, versions = [], {}
-    for label, path, source in found:
-        builds.append(inspect_build(path, label or source, list_devices=run_list_devices))
-        try:
-            versions[path] = probe_engine(path, source).version
-        except EngineNotFound as exc:
-            versions[path] = f"unknown ({exc})"
-    return builds, versions
 
 
 def _host_lines(devices: DeviceList, host: HostFacts) -> list[str]:

@@ -24,6 +24,7 @@ from troupe.errors import ConfigError, UsageError
 from troupe.gguf import ModelFacts
 from troupe.hardware.devices import read_devices
 from troupe.hardware.feasibility import feasibility
+from troupe.prepare import prepare_router
 
 __all__ = ["model_rows", "run_models"]
 
@@ -69,8 +70,6 @@ def _capabilities(facts: ModelFacts | str | None, inputs: Sequence[str]) -> str:
 def model_rows(argv: Sequence[str]) -> tuple[list[dict[str, Any]], str, tuple[str, ...]]:
     """One dict per catalogue entry, the URL a router with these flags would use, and
     its API keys (to ask it for status)."""
-    from troupe.cli import prepare_router  # noqa: PLC0415  (cli imports this module lazily)
-
     prepared = prepare_router(argv)
     if isinstance(prepared, list):
         raise UsageError("troupe models lists a router's catalogue; -m/-hf name a single model")

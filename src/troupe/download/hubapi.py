@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import quote
-
-import httpx
 
 from troupe import __version__
 from troupe.catalog.hfcache import is_valid_repo_id, split_repo_tag
 from troupe.download.plan import DownloadPlan, PlanError, RemoteFile, make_plan, parse_listing
+
+if TYPE_CHECKING:
+    import httpx  # imported when a client is opened: a router that never downloads never does
 
 __all__ = ["HubClient", "HubError", "hf_endpoint", "hf_token", "open_client", "reason"]
 
@@ -56,6 +58,8 @@ def open_client(
     """One client per job: redirects followed (httpx drops ``Authorization`` when a
     redirect leaves the hub's host, as a CDN redirect does); a read that stalls for
     ``read_timeout`` seconds is a transient error."""
+    import httpx  # noqa: PLC0415  (~8 MiB: only once a download starts)
+
     headers = {"User-Agent": f"troupe/{__version__}"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -83,6 +87,8 @@ class HubClient:
         return f"{self.endpoint}{repo}/resolve/{commit}/{quote(path)}"
 
     async def _get_json(self, url: str, what: str) -> tuple[object, httpx.Response]:
+        import httpx  # noqa: PLC0415  (loaded already: the client is httpx's)
+
         try:
             resp = await self.client.get(url, headers={"Accept": "application/json"})
         except httpx.HTTPError as exc:

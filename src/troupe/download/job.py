@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx
 import trio
 
 from troupe.download.hubapi import HubClient
@@ -28,6 +28,9 @@ from troupe.download.journal import Journal
 from troupe.download.layout import RepoLayout
 from troupe.download.plan import DownloadPlan, PlannedFile
 from troupe.download.transfer import DEFAULT_POLICY, RetryPolicy, fetch_file
+
+if TYPE_CHECKING:
+    import httpx  # loaded with the client (troupe.download.hubapi.open_client)
 
 __all__ = ["PARALLEL", "DownloadJob", "ProgressMap", "Reporter"]
 

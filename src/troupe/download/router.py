@@ -26,12 +26,12 @@ from typing import Protocol
 
 import trio
 
-from troupe.actors.download import DownloadSpec
 from troupe.catalog.hfcache import cache_dir
 from troupe.download.hubapi import HubClient, HubError, hf_endpoint, hf_token, open_client
 from troupe.download.journal import Journal
 from troupe.download.layout import RepoLayout
 from troupe.download.plan import DownloadPlan, PlanError
+from troupe.download.spec import DownloadSpec
 from troupe.errors import ConfigError
 from troupe.sched.table import Snapshot
 

@@ -24,15 +24,17 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import attrs
-import httpx
 import trio
 
 from troupe.download.hubapi import HubError, reason
 from troupe.download.layout import RepoLayout
 from troupe.download.plan import PlannedFile
+
+if TYPE_CHECKING:
+    import httpx  # loaded with the client (troupe.download.hubapi.open_client)
 
 __all__ = ["DEFAULT_POLICY", "BusyError", "ChecksumError", "RetryPolicy", "fetch_file"]
 
@@ -151,6 +153,8 @@ async def fetch_file(
     policy: RetryPolicy = DEFAULT_POLICY,
 ) -> None:
     """Fetch ``f`` from ``url`` into ``layout.blob(f)``, resuming any partial file."""
+    import httpx  # noqa: PLC0415  (loaded already: the client is httpx's)
+
     partial = layout.partial(f)
     partial.parent.mkdir(parents=True, exist_ok=True)
     sink = await trio.to_thread.run_sync(_Sink, partial, f)

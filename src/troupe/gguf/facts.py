@@ -21,11 +21,11 @@ import re
 from collections.abc import Mapping, Sequence
 
 import attrs
-from gguf import LlamaFileType
 
 from troupe.gguf import capabilities as caps
 from troupe.gguf._source import GGUFError
 from troupe.gguf.arch import kv_layers_from_start, swa_pattern
+from troupe.gguf.constants import LlamaFileType
 from troupe.gguf.header import read_header
 from troupe.gguf.records import GGUFHeader
 

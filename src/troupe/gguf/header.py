@@ -26,9 +26,8 @@ import stat
 import struct
 from collections.abc import Mapping
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
-
 from troupe.gguf._source import GGUFError, Source
+from troupe.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from troupe.gguf.records import Field, GGUFHeader, Scalar, SkippedArray, TensorInfo, Value
 
 __all__ = [

@@ -18,9 +18,9 @@ layers), sparse-attention indexer caches (DSA/MSA), and buffer alignment.
 from __future__ import annotations
 
 import attrs
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from troupe.gguf.arch import NO_KV_CACHE_ARCHS
+from troupe.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from troupe.gguf.facts import ModelFacts
 
 __all__ = [

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from gguf import GGMLQuantizationType, GGUFValueType
+
+from troupe.gguf.constants import GGMLQuantizationType, GGUFValueType
 
 __all__ = ["Field", "GGUFHeader", "Scalar", "SkippedArray", "TensorInfo", "Value"]
 

@@ -16,16 +16,24 @@ the model with, because the question is "can it run at all":
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import attrs
 
-from troupe.catalog.preset import Preset
-from troupe.catalog.values import is_falsey, is_truthy
 from troupe.gguf import ModelFacts, kv_cache_bytes
+from troupe.settings.flags import is_falsey, is_truthy
 
 __all__ = ["DEFAULT_FIT_CTX", "MemoryEstimate", "context_for", "estimate_memory"]
 
 DEFAULT_FIT_CTX = 4096  # llama.cpp common.h: fit_params_min_ctx
 AUTO_PARALLEL = 4  # llama-server's slot count for --parallel -1 (auto), with a unified cache
+
+
+class Preset(Protocol):
+    """A model's options as the child would get them (`troupe.catalog.preset.Preset`)."""
+
+    def get(self, env: str) -> str | None:
+        """The value of the option whose environment name is ``env``."""
 
 
 @attrs.frozen

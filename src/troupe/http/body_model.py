@@ -3,20 +3,26 @@
 The whole body is parsed (upstream parses it too, and answers its parse errors), but
 safely: a body nested deeper than the parser's recursion limit is a 400, not a 500,
 and a large one is parsed in a worker thread so the event loop keeps serving.
+
+Multipart bodies (audio transcriptions) go to werkzeug's multipart decoder, kept for
+this alone: it is maintained, bounded and fuzzed by others, where a parser of our own
+would have to match its leniency (bare CR or LF line breaks, preambles) to route the
+same requests. It is imported when the first multipart body arrives, never at start-up,
+and always runs in a worker thread. File parts are not kept (only form fields are
+read; the child gets the raw body), and a body of more than `MAX_PARTS` parts is a 400.
 """
 
 from __future__ import annotations
 
-import io
 import json
+from typing import IO
 
 import trio
-from werkzeug.formparser import MultiPartParser
-from werkzeug.http import parse_options_header
 
-__all__ = ["OFF_LOOP_BYTES", "BadBody", "model_from_body", "model_from_body_sync"]
+__all__ = ["MAX_PARTS", "OFF_LOOP_BYTES", "BadBody", "model_from_body", "model_from_body_sync"]
 
 OFF_LOOP_BYTES = 256 << 10  # larger bodies are parsed off the event loop (~1 ms and up)
+MAX_PARTS = 1000  # werkzeug's own default for a request's form
 
 
 class BadBody(Exception):
@@ -24,15 +30,19 @@ class BadBody(Exception):
 
 
 async def model_from_body(body: bytes, content_type: str | None) -> str:
-    """`model_from_body_sync`, in a worker thread when ``body`` is large."""
-    if len(body) > OFF_LOOP_BYTES:
+    """`model_from_body_sync`, in a worker thread when ``body`` is large or multipart."""
+    if len(body) > OFF_LOOP_BYTES or _is_multipart(content_type):
         return await trio.to_thread.run_sync(model_from_body_sync, body, content_type)
     return model_from_body_sync(body, content_type)
 
 
+def _is_multipart(content_type: str | None) -> bool:
+    return bool(content_type) and "multipart/form-data" in (content_type or "").lower()
+
+
 def model_from_body_sync(body: bytes, content_type: str | None) -> str:
     """The ``model`` field; "" when absent or not a string. Raises `BadBody`."""
-    if content_type and "multipart/form-data" in content_type.lower():
+    if content_type and _is_multipart(content_type):
         return _from_multipart(body, content_type)
     try:
         text = body.decode("utf-8")
@@ -48,18 +58,48 @@ def model_from_body_sync(body: bytes, content_type: str | None) -> str:
     return model if isinstance(model, str) else ""
 
 
+class _Discard:
+    """Where a file part's bytes go: nowhere (only the form fields are read)."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def _discard(
+    total_content_length: int | None,
+    content_type: str | None,
+    filename: str | None,
+    content_length: int | None = None,
+) -> IO[bytes]:
+    return _Discard()  # type: ignore[return-value]  # the decoder only writes and seeks
+
+
 def _from_multipart(body: bytes, content_type: str) -> str:
+    # Lazy: werkzeug is only needed once a multipart body arrives.
+    import io  # noqa: PLC0415
+
+    from werkzeug.exceptions import RequestEntityTooLarge  # noqa: PLC0415
+    from werkzeug.formparser import MultiPartParser  # noqa: PLC0415
+    from werkzeug.http import parse_options_header  # noqa: PLC0415
+
     mime, options = parse_options_header(content_type)
     boundary = (
         options.get("boundary", "").encode("latin-1") if mime == "multipart/form-data" else b""
     )
     if not boundary:
         raise BadBody("multipart body without a boundary")
+    parser = MultiPartParser(stream_factory=_discard, max_form_parts=MAX_PARTS)
     try:
-        form, files = MultiPartParser().parse(io.BytesIO(body), boundary, len(body))
+        form, _files = parser.parse(io.BytesIO(body), boundary, len(body))
     except ValueError as exc:
         raise BadBody(f"invalid multipart body: {exc}") from None
-    for upload in files.values():
-        upload.close()  # only the form fields matter here; the child gets the raw body
+    except RequestEntityTooLarge:
+        raise BadBody(f"invalid multipart body: more than {MAX_PARTS} parts") from None
     value = form.get("model", "")
     return value if isinstance(value, str) else ""

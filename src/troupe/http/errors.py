@@ -1,4 +1,4 @@
-"""Upstream-shaped error bodies and JSON encoding, byte for byte.
+"""Upstream-shaped error bodies, byte for byte (the JSON itself: `troupe.api.dumps`).
 
 ``format_error_response`` in llama.cpp orders keys code, message, type; the global
 middleware errors (401, 404, 503 "Loading model") order them message, type, code.
@@ -11,22 +11,16 @@ pinned build: ``POST /models/load`` of an unknown model answers exactly that).
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
+from troupe.api import dumps
 from troupe.sched.effects import Failure
 
 __all__ = [
-    "JSON_TYPE",
     "NOT_FOUND_BODY",
-    "dumps",
     "error_body",
     "failure_body",
     "middleware_error_body",
     "status_of",
 ]
-
-JSON_TYPE = "application/json; charset=utf-8"
 
 _STATUS_OF_TYPE = {
     "invalid_request_error": 400,
@@ -38,11 +32,6 @@ _STATUS_OF_TYPE = {
     "unavailable_error": 503,
     "exceed_context_size_error": 400,
 }
-
-
-def dumps(value: Any) -> bytes:
-    """Compact JSON, as llama.cpp writes it (UTF-8, no spaces)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def status_of(type_: str) -> int:

@@ -9,7 +9,7 @@ import trio
 from troupe.catalog import ModelEntry
 from troupe.catalog.facts import facts_json
 from troupe.hardware.feasibility import feasibility
-from troupe.http.context import RouterContext
+from troupe.router import Router
 from troupe.sched import ModelView, Snapshot, Status
 from troupe.sched.downloads import DownloadView
 
@@ -63,7 +63,7 @@ def _extras(view: ModelView | None, now: float) -> dict[str, Any]:
     }
 
 
-def _memory(ctx: RouterContext, view: ModelView | None) -> dict[str, Any] | None:
+def _memory(ctx: Router, view: ModelView | None) -> dict[str, Any] | None:
     need = view.memory_need if view is not None else None
     if not need:
         return None
@@ -83,7 +83,7 @@ def _memory(ctx: RouterContext, view: ModelView | None) -> dict[str, Any] | None
     }
 
 
-def model_item(ctx: RouterContext, entry: ModelEntry, created: int, now: float) -> dict[str, Any]:
+def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict[str, Any]:
     view = ctx.scheduler.snapshot.models.get(entry.name)
     status: dict[str, Any] = {
         "value": str(view.status) if view else "unloaded",
@@ -139,7 +139,7 @@ def download_item(view: DownloadView, created: int) -> dict[str, Any]:
     }
 
 
-async def settled_downloads(ctx: RouterContext, within: float = 10.0) -> None:
+async def settled_downloads(ctx: Router, within: float = 10.0) -> None:
     """Wait (a little) for the reload that follows an ended download, so a ``GET /models``
     after ``download_finished`` lists the model under its new name, as upstream's
     implicit reload does. Only a wait: the reload itself is not this request's."""
@@ -151,7 +151,7 @@ async def settled_downloads(ctx: RouterContext, within: float = 10.0) -> None:
         await ctx.scheduler.wait_until(settled)
 
 
-def models_list(ctx: RouterContext, created: int) -> dict[str, Any]:
+def models_list(ctx: Router, created: int) -> dict[str, Any]:
     now = trio.current_time()
     items = [(e.name, model_item(ctx, e, created, now)) for e in ctx.catalog.visible()]
     for name, view in ctx.scheduler.snapshot.downloads.items():

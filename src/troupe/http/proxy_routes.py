@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import quote
 
@@ -12,10 +11,11 @@ import trio
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.catalog import ModelEntry
 from troupe.http.body_model import BadBody, model_from_body
-from troupe.http.context import RouterContext
-from troupe.http.errors import error_body, failure_body
+from troupe.http.errors import error_body
+from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
 from troupe.proxy.relay import ChildLost
+from troupe.router import Router
 from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant, Snapshot, Status
 
 __all__ = [
@@ -24,7 +24,6 @@ __all__ = [
     "handle_proxy_get",
     "handle_proxy_post",
     "handle_stream_get",
-    "retry_after",
     "validate_model",
 ]
 
@@ -37,7 +36,7 @@ def autoload_flag(params: Mapping[str, str], default: bool) -> bool:
     return default if value == "" else value in ("true", "1")
 
 
-def validate_model(ctx: RouterContext, name: str, autoload: bool) -> ModelEntry | Failure:
+def validate_model(ctx: Router, name: str, autoload: bool) -> ModelEntry | Failure:
     """upstream ``router_validate_model``: missing, unknown, or not loaded without autoload."""
     if not name:
         return Failure.bad_request("model name is missing from the request")
@@ -54,18 +53,8 @@ def validate_model(ctx: RouterContext, name: str, autoload: bool) -> ModelEntry 
     return entry
 
 
-async def _send_failure(ex: Exchange, failure: Failure) -> None:
-    await ex.respond(failure.status, failure_body(failure), headers=retry_after(failure))
-
-
-def retry_after(failure: Failure) -> list[tuple[bytes, bytes]]:
-    if failure.retry_after is None:
-        return []
-    return [(b"Retry-After", str(max(1, math.ceil(failure.retry_after))).encode())]
-
-
 async def acquire_within(
-    ctx: RouterContext, model: str, *, autoload: bool, update_last_used: bool
+    ctx: Router, model: str, *, autoload: bool, update_last_used: bool
 ) -> tuple[int, Grant]:
     """`Scheduler.acquire` bounded by ``--queue-timeout``: a wait that lasts longer
     leaves the queue and fails with a clear 503."""
@@ -85,7 +74,7 @@ async def acquire_within(
     )
 
 
-def _crash_detail(ctx: RouterContext, model: str) -> Callable[[], Awaitable[str | None]]:
+def _crash_detail(ctx: Router, model: str) -> Callable[[], Awaitable[str | None]]:
     async def detail() -> str | None:
         # The connection broke; the scheduler learns why (exit code, log tail) a moment later.
         def gone(snapshot: Snapshot) -> bool:
@@ -122,12 +111,12 @@ async def _guarded(ex: Exchange, work: Callable[[], Awaitable[None]]) -> None:
 
 
 async def _serve(
-    ctx: RouterContext, ex: Exchange, name: str, *, update_last_used: bool, conv_id: str = ""
+    ctx: Router, ex: Exchange, name: str, *, update_last_used: bool, conv_id: str = ""
 ) -> None:
     autoload = autoload_flag(ex.params, ctx.settings.models_autoload)
     checked = validate_model(ctx, name, autoload)
     if isinstance(checked, Failure):
-        await _send_failure(ex, checked)
+        await send_failure(ex, checked)
         return
 
     async def work() -> None:
@@ -137,7 +126,7 @@ async def _serve(
 
 
 async def _lease_and_relay(
-    ctx: RouterContext,
+    ctx: Router,
     ex: Exchange,
     entry: ModelEntry,
     autoload: bool,
@@ -166,7 +155,7 @@ async def _lease_and_relay(
                     ctx, entry.name, autoload=autoload, update_last_used=update_last_used
                 )
     except ModelUnavailable as exc:
-        await _send_failure(ex, exc.failure)
+        await send_failure(ex, exc.failure)
         return
     finally:
         if ticket:
@@ -175,7 +164,7 @@ async def _lease_and_relay(
         if not wait_scope.cancelled_caught:
             await scheduler.release(rid)
         msg = "request cancelled by a stop while the model was loading"
-        await _send_failure(ex, Failure.bad_request(msg))
+        await send_failure(ex, Failure.bad_request(msg))
         return
     try:
         if ctx.fake_timing:
@@ -191,7 +180,7 @@ async def _lease_and_relay(
         await scheduler.release(rid)
 
 
-async def handle_proxy_post(ctx: RouterContext, ex: Exchange) -> None:
+async def handle_proxy_post(ctx: Router, ex: Exchange) -> None:
     try:
         name = await model_from_body(ex.body, ex.header(b"content-type"))
     except BadBody as exc:
@@ -201,13 +190,13 @@ async def handle_proxy_post(ctx: RouterContext, ex: Exchange) -> None:
     await _serve(ctx, ex, name, update_last_used=True, conv_id=conv_id)
 
 
-async def handle_proxy_get(ctx: RouterContext, ex: Exchange) -> None:
+async def handle_proxy_get(ctx: Router, ex: Exchange) -> None:
     name = ex.params.get("model", "")
     # GET does not count as use: a dashboard polling /slots must not keep a model warm.
     await _serve(ctx, ex, name, update_last_used=False)
 
 
-async def handle_stream_get(ctx: RouterContext, ex: Exchange) -> None:
+async def handle_stream_get(ctx: Router, ex: Exchange) -> None:
     """``GET /v1/stream?conv_id=&from=``: replay from the child that owns the conversation,
     under a lease (the child cannot be evicted mid-replay), stopped if the client leaves."""
     params = ex.params

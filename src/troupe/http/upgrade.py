@@ -3,27 +3,30 @@
 The server has already read the request's head (and maybe the first frames), so
 the handshake is replayed to trio-websocket through `ReplayStream` and it parses
 and answers it itself. The resulting `trio_websocket.WebSocketRequest` goes to
-`serve_realtime(ctx, request)`, which authenticates, resolves the model and accepts
-or rejects (DESIGN "Request path" 4); an unknown path gets the JSON 404.
+the door the service plugged in (`troupe.realtime.serve_realtime`), which
+authenticates, resolves the model and accepts or rejects (DESIGN "Request path" 4);
+an unknown path gets the JSON 404.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Awaitable, Callable
 
 import trio
 import trio_websocket
 
-from troupe.http.context import RouterContext
 from troupe.http.errors import error_body
 from troupe.http.server.exchange import Exchange
 from troupe.http.server.parse import Request
-from troupe.realtime import serve_realtime
+from troupe.router import Router
 
-__all__ = ["ReplayStream", "serve_upgrade"]
+__all__ = ["ReplayStream", "WebSocketDoor", "serve_upgrade"]
 
 HANDSHAKE_TIMEOUT = 10.0
+# What serves an accepted handshake: it accepts or rejects, then runs the connection.
+WebSocketDoor = Callable[[Router, trio_websocket.WebSocketRequest], Awaitable[None]]
 
 
 class ReplayStream(trio.abc.Stream):
@@ -78,9 +81,9 @@ def handshake_error(request: Request) -> str | None:
 
 
 async def serve_upgrade(
-    ctx: RouterContext, exchange: Exchange, stream: trio.abc.Stream, rest: bytes
+    ctx: Router, door: WebSocketDoor, exchange: Exchange, stream: trio.abc.Stream, rest: bytes
 ) -> None:
-    """Hand the connection to trio-websocket and the request to `serve_realtime`."""
+    """Hand the connection to trio-websocket and the request to ``door``."""
     problem = handshake_error(exchange.request)
     if problem is not None:
         extra = [(b"sec-websocket-version", b"13")] if "Version" in problem else []
@@ -95,5 +98,5 @@ async def serve_upgrade(
             )
         if not handshake.cancelled_caught:
             exchange.started = True
-            await serve_realtime(ctx, request)
+            await door(ctx, request)
         nursery.cancel_scope.cancel()

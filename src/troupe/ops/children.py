@@ -1,10 +1,11 @@
 """The running children's own metrics (``--metrics``), merged into troupe's exposition.
 
-Scraped at scrape time, all children at once, each with a short timeout, so one slow
-child costs a scrape at most that long and never fails it. Straight to the child's
-port, without a lease: a scrape must never queue, load or keep a model warm, and
-llama-server's ``/metrics`` does not wake a sleeping child. Each sample gets a
-``model`` label; families of the same name from several children become one.
+Scraped at scrape time, all children at once, each bounded by a short timeout, so one
+slow child costs a scrape at most that long and never fails it. Through the relay's
+pool (the one transport to children, keyed by generation: a child known to be gone is
+never asked), but without a lease: a scrape must never queue, load or keep a model
+warm, and llama-server's ``/metrics`` does not wake a sleeping child. Each sample gets
+a ``model`` label; families of the same name from several children become one.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
-import httpx
 import trio
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+
+from troupe.proxy.upstream import ChildRef, UpstreamError, UpstreamPool
 
 __all__ = ["CHILD_SCRAPE_TIMEOUT", "merge_families", "scrape_children"]
 
@@ -23,27 +25,35 @@ log = logging.getLogger("troupe.metrics")
 
 CHILD_SCRAPE_TIMEOUT = 2.0  # seconds, per child; Prometheus's own default timeout is 10 s
 MODEL_LABEL = "model"
+_HEADERS = ((b"host", b"127.0.0.1"), (b"accept", b"text/plain"))
 
 
 async def scrape_children(
-    client: httpx.AsyncClient, ports: Mapping[str, int], each: float = CHILD_SCRAPE_TIMEOUT
+    pool: UpstreamPool, ports: Mapping[str, int], each: float = CHILD_SCRAPE_TIMEOUT
 ) -> tuple[dict[str, list[Metric]], dict[str, bool]]:
-    """``{model: families}`` of every child that answered, and ``{model: answered}``."""
+    """``{model: families}`` of every child that answered, and ``{model: answered}``;
+    ``ports``: the running children's, from the scheduler's snapshot."""
     families: dict[str, list[Metric]] = {}
     up: dict[str, bool] = {}
 
     async def one(model: str, port: int) -> None:
         up[model] = False
+        gen = pool.live_generation(model)
+        if gen is None:
+            return  # stopped or gone since the snapshot: nothing to ask
         with trio.move_on_after(each):
             try:
-                resp = await client.get(f"http://127.0.0.1:{port}/metrics")
-            except httpx.HTTPError as exc:
+                status, body = await pool.fetch(
+                    ChildRef(model, gen, port), "GET", "/metrics", _HEADERS
+                )
+            except UpstreamError as exc:
                 log.debug("metrics of %s: %s", model, exc)
                 return
-            if resp.status_code != 200:
+            if status != 200:
                 return  # started without --metrics (501), or not ready
             try:
-                families[model] = list(text_string_to_metric_families(resp.text))
+                text = body.decode("utf-8", "replace")
+                families[model] = list(text_string_to_metric_families(text))
             except ValueError as exc:
                 log.warning("metrics of %s are not in the Prometheus format: %s", model, exc)
                 return

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 
-from troupe.http.routing import PROXY_GET_PATHS, PROXY_POST_PATHS, strip_prefix
+from troupe.api import PROXY_GET_PATHS, PROXY_POST_PATHS, strip_prefix
 from troupe.sched import Snapshot, Status
 from troupe.sched.events import (
     ChildExited,

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from troupe.http.context import RouterContext
+from troupe.settings.router import RouterSettings
 
 __all__ = ["ready_line"]
 
 MAX_NAMES = 12  # models named in the line; the rest are counted
 
 
-def ready_line(ctx: RouterContext, urls: Sequence[str]) -> str:
-    s = ctx.settings
-    names = [e.name for e in ctx.catalog]
+def ready_line(s: RouterSettings, names: Sequence[str], urls: Sequence[str]) -> str:
     shown = ", ".join(names[:MAX_NAMES]) + (
         f", +{len(names) - MAX_NAMES}" if len(names) > MAX_NAMES else ""
     )

@@ -74,7 +74,13 @@ class ChildConnection:
 
     def on_headers_complete(self) -> None:
         self.head_done = True
-        self.keep_alive = self.parser.should_keep_alive()
+        # llama-server (cpp-httplib) closes the connection right after a chunked answer
+        # (a stream) although it says keep-alive: measured, its FIN follows the last
+        # chunk at once. Pooled, the connection would race that close (the next request
+        # sent into it is lost, and a POST cannot go again), so it is not kept.
+        self.keep_alive = self.parser.should_keep_alive() and not any(
+            k.lower() == b"transfer-encoding" and b"chunked" in v.lower() for k, v in self.headers
+        )
 
     def on_body(self, body: bytes) -> None:
         if self.collect:
@@ -110,7 +116,7 @@ class ChildConnection:
 
     async def read_head(self) -> bytes:
         """Read up to the end of a final (not 1xx) answer's head; returns the body bytes
-        that came with it. Raises `_Stale` if the child closed before answering. One
+        that came with it. Raises `Stale` if the child closed before answering. One
         deadline for the whole head (the time to first byte is the long part)."""
         with trio.move_on_after(self.read_timeout or math.inf) as scope:
             return await self._read_head()
@@ -144,6 +150,19 @@ class ChildConnection:
 
     def close_now(self) -> None:
         self.stream.socket.close()
+
+    def peer_closed(self) -> bool:
+        """Whether an idle connection is unusable, found without blocking: the child
+        closed it (EOF), reset it, or sent bytes nobody asked for. Checked before a
+        pooled connection carries a request, so a request is rarely sent into one the
+        child has already closed (its keep-alive timeout, or after a stream)."""
+        try:
+            self.raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False  # open, nothing to read: as an idle connection should be
+        except OSError:
+            return True
+        return True
 
     @property
     def reusable(self) -> bool:
@@ -299,7 +318,12 @@ class _Chunks:
 
 
 class Stale(Exception):
-    """The child closed or reset a connection before answering: safe to send again."""
+    """The child closed or reset a connection before answering. ``reached``: some of
+    the request was written, so the child may have read it and acted on it."""
+
+    def __init__(self, message: str, *, reached: bool = True) -> None:
+        super().__init__(message)
+        self.reached = reached
 
 
 class Broken(UpstreamError):

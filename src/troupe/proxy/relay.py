@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import trio
 
-from troupe.http.errors import JSON_TYPE, dumps
+from troupe.api import JSON_TYPE, dumps
 from troupe.proxy.upstream import Child, UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["ChildLost", "Client", "Relay", "request_headers", "response_fields"]
@@ -187,19 +187,12 @@ class Relay:
         """A small whole answer from ``child``, or None when it cannot answer. Bound it
         with a cancel scope (stream lookups and deletes get 250 ms, §10). ``scope``
         gives the request headers (``scope["headers"]``)."""
+        headers = request_headers(scope["headers"], child.port)
         try:
-            upstream = await self._pool.request(
-                child, method, target, request_headers(scope["headers"], child.port), body
-            )
-            try:
-                data = b"".join([chunk async for chunk in upstream.chunks()])
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
-                    await upstream.aclose()
+            return await self._pool.fetch(child, method, target, headers, body)
         except UpstreamError as exc:
             log.warning("request to %s failed: %s %s: %s", child.model, method, target, exc)
             return None
-        return upstream.status_code, data
 
     def _observe(self, client: Client, status: int, sent: int, relayed: int) -> None:
         """Called once per relayed request, when it ends (whatever the outcome): the

@@ -12,6 +12,15 @@ llama-server's exit about 110 ms (60 swaps also used to leave hundreds of descri
 open); one in use held it for the whole stop-timeout, as llama-server does not exit
 while a request waits on its stopped task loop, which will never answer it.
 
+A request that may have reached a child is never sent twice. A connection the child
+is about to close is not pooled (llama-server closes one after every chunked answer,
+though it says keep-alive), and an idle pooled connection is checked for the child's
+close (a non-blocking peek: its keep-alive timeout) before it carries a request; if
+it breaks anyway before any answer, the request goes again on another connection only
+when none of it was written, or when it is a GET or a HEAD (which change nothing). A
+POST whose bytes went out fails with the upstream error instead: the child may have
+read it and started generating.
+
 Each child keeps at most `set_limit` connections open between requests. llama-server
 binds a worker thread to each keep-alive connection, and a connection it cannot
 give a worker waits out another's 5 s keep-alive timeout (child/http_threads.py): so
@@ -42,6 +51,7 @@ __all__ = [
 ]
 
 DEFAULT_LIMIT = 7  # llama-server's own default: max(4 + 4, cpus - 1) workers, less a spare
+_REPEATABLE = (b"GET ", b"HEAD ")  # safe to send again after a break: they change nothing
 
 
 class Child(Protocol):
@@ -101,6 +111,7 @@ class UpstreamPool:
         self.read_timeout = read_timeout
         self._children: dict[_Key, _Child] = {}
         self._gone: dict[str, int] = {}  # model -> newest generation known to be gone
+        self._live: dict[str, int] = {}  # model -> its running child's generation
         self._closed = False
 
     # ----- bookkeeping (the scheduler's side) ---------------------------------------------
@@ -116,9 +127,17 @@ class UpstreamPool:
         return sum(c.open for c in self._children.values())
 
     def set_limit(self, model: str, gen: int, limit: int) -> None:
-        """The child ``(model, gen)`` keeps ``limit`` connections (its fixed workers)."""
+        """The child ``(model, gen)`` started and keeps ``limit`` connections (its fixed
+        workers)."""
         if not self._is_gone((model, gen)):
             self._children.setdefault((model, gen), _Child()).limit = max(1, limit)
+            if gen > self._live.get(model, -1):
+                self._live[model] = gen
+
+    def live_generation(self, model: str) -> int | None:
+        """The generation of ``model``'s child that started and is not known to be gone:
+        the key a caller without a lease (a metrics scrape) may use; None when none."""
+        return self._live.get(model)
 
     def forget(self, model: str, gen: int) -> None:
         """The child ``(model, gen)`` (and every older one of ``model``) is stopping or
@@ -126,6 +145,8 @@ class UpstreamPool:
         broken one)."""
         if gen > self._gone.get(model, -1):
             self._gone[model] = gen
+        if self._live.get(model, -1) <= gen:
+            self._live.pop(model, None)
         for key in [k for k in self._children if k[0] == model and k[1] <= gen]:
             state = self._children[key]
             for conn in state.idle:
@@ -147,8 +168,12 @@ class UpstreamPool:
         if self._is_gone(key):
             raise UpstreamError("the model's server has exited")
         state = self._children.setdefault(key, _Child())
-        if state.idle:
+        while state.idle:
             conn = state.idle.pop()
+            if not conn.peer_closed():
+                break
+            conn.close_now()  # closed by the child meanwhile: never carries a request
+            state.open -= 1
         else:
             state.open += 1
             try:
@@ -208,30 +233,60 @@ class UpstreamPool:
         without Content-Length: it is computed)."""
         return await self.send(child, render_request(method, target, headers, body))
 
+    async def fetch(
+        self,
+        child: Child,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes = b"",
+    ) -> tuple[int, bytes]:
+        """A small answer read whole: its status and decoded body. Raises
+        `UpstreamError`; bound it with a cancel scope."""
+        upstream = await self.request(child, method, target, headers, body)
+        try:
+            data = b"".join([chunk async for chunk in upstream.chunks()])
+        finally:
+            upstream.close()  # never blocks: back to the pool, or closed if unfinished
+        return upstream.status_code, data
+
     async def send(self, child: Child, wire: bytes) -> UpstreamResponse:
         """`request` with the request already rendered (`render_request`).
 
-        A pooled connection the child has closed in the meantime (llama-server closes
-        some after a stream although it said keep-alive) fails before any answer; the
-        request then goes once more, until a new connection fails too.
+        A pooled connection the child closed in the meantime is mostly found before use;
+        one that breaks before any answer is tried again on another connection only when
+        the request cannot have reached the child, or is a GET or a HEAD (module
+        docstring).
         """
         key = (child.model, child.gen)
+        repeatable = wire.startswith(_REPEATABLE)
         while True:  # each stale pooled connection is closed, so this ends
             conn = await self._checkout(key, child.port)
             fresh = not conn.used
             try:
                 return await self._exchange(key, conn, wire)
             except Stale as exc:
-                if fresh:
+                if fresh or (exc.reached and not repeatable):
                     raise UpstreamError(str(exc)) from None
 
     async def _exchange(self, key: _Key, conn: ChildConnection, wire: bytes) -> UpstreamResponse:
         conn.used = True
         try:
+            await trio.lowlevel.checkpoint_if_cancelled()
             try:
-                await conn.stream.send_all(wire)
-            except (trio.BrokenResourceError, OSError) as exc:
-                raise Stale(f"connection to the child failed: {exc}") from None
+                # One write without a pass through the scheduler; it also tells whether
+                # any byte left (a connection already reset fails here, with none sent).
+                sent = conn.raw.send(wire)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                raise Stale(f"connection to the child failed: {exc}", reached=False) from None
+            if sent < len(wire):
+                try:
+                    await conn.stream.send_all(memoryview(wire)[sent:])
+                except (trio.BrokenResourceError, OSError) as exc:
+                    message = f"connection to the child failed: {exc}"
+                    raise Stale(message, reached=sent > 0) from None
             first = await conn.read_head()
             return UpstreamResponse(conn, first, lambda done, ok: self._checkin(key, done, ok))
         except BaseException:

@@ -14,16 +14,17 @@ from functools import partial
 from typing import Protocol
 from urllib.parse import parse_qsl
 
+from troupe.api import JSON_TYPE, strip_prefix
 from troupe.catalog import ModelEntry
-from troupe.http.context import RouterContext
-from troupe.http.errors import JSON_TYPE, NOT_FOUND_BODY, failure_body, middleware_error_body
+from troupe.http.errors import NOT_FOUND_BODY, failure_body, middleware_error_body
 from troupe.http.models_json import architecture_of
-from troupe.http.proxy_routes import autoload_flag, retry_after, validate_model
-from troupe.http.routing import strip_prefix
+from troupe.http.proxy_routes import autoload_flag, validate_model
+from troupe.http.respond import retry_after
 from troupe.realtime.config import SessionConfig
 from troupe.realtime.events import RealtimeError
 from troupe.realtime.lease import ChildCall
 from troupe.realtime.session import Connection, Limits, Session, SessionModel
+from troupe.router import Router
 from troupe.sched import Failure
 
 __all__ = ["REALTIME_PATHS", "WebSocketRequest", "serve_realtime"]
@@ -37,7 +38,7 @@ Headers = list[tuple[bytes, bytes]]
 
 
 class WebSocketRequest(Protocol):
-    """trio-websocket's server-side ``WebSocketRequest`` (or the ASGI adapter's)."""
+    """trio-websocket's server-side ``WebSocketRequest``."""
 
     @property
     def path(self) -> str: ...
@@ -75,9 +76,7 @@ def client_key(request: WebSocketRequest) -> str | None:
     return None
 
 
-def model_modalities(
-    ctx: RouterContext, entry: ModelEntry
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def model_modalities(ctx: Router, entry: ModelEntry) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The catalogue's modalities, replaced by what the child reported once loaded."""
     arch = architecture_of(entry, ctx.scheduler.snapshot.models.get(entry.name))
     return tuple(arch["input_modalities"]), tuple(arch["output_modalities"])
@@ -90,7 +89,7 @@ async def _reject(
     await request.reject(status, extra_headers=headers, body=body)
 
 
-async def serve_realtime(ctx: RouterContext, request: WebSocketRequest) -> None:
+async def serve_realtime(ctx: Router, request: WebSocketRequest) -> None:
     """Serve one WebSocket upgrade: refuse it as HTTP, or run a realtime session."""
     path, _, query = request.path.partition("?")
     params: dict[str, str] = {}

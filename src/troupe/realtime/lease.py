@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from troupe.actors.scheduler import ModelUnavailable
-from troupe.http.context import RouterContext
 from troupe.proxy.upstream import UpstreamResponse
+from troupe.router import Router
 from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant
 
 __all__ = ["ChildCall"]
@@ -24,7 +24,7 @@ CLOSE_GRACE = 2.0  # seconds to close a child's answer when the caller is gone
 
 
 class ChildCall:
-    def __init__(self, ctx: RouterContext, model: str, autoload: bool, api_key: str | None) -> None:
+    def __init__(self, ctx: Router, model: str, autoload: bool, api_key: str | None) -> None:
         self.ctx = ctx
         self.model = model
         self.autoload = autoload

@@ -17,9 +17,9 @@ import httpx
 import trio
 
 from troupe.child.ledger import PidLedger
-from troupe.cli import split_troupe_flags
 from troupe.engine import probe_engine
-from troupe.http.context import RouterContext, build_context
+from troupe.prepare import split_troupe_flags
+from troupe.router import Router, build_router
 from troupe.sched import Snapshot, Status
 from troupe.service import serve_router, shutdown
 from troupe.settings.argv import parse_engine_args
@@ -31,7 +31,7 @@ __all__ = ["RouterFactory", "RunningRouter", "open_router", "write_preset"]
 
 @attrs.frozen
 class RunningRouter:
-    ctx: RouterContext
+    ctx: Router
     url: str  # e.g. "http://127.0.0.1:40123"
 
     def client(self, **kwargs: object) -> httpx.AsyncClient:
@@ -82,7 +82,7 @@ async def open_router(
     own, rest = split_troupe_flags(argv)
     settings = build_settings(table, parse_engine_args(rest, table), own, env)
     ledger = PidLedger(state_dir)
-    ctx = build_context(settings, probe_engine(engine, "test"), table, ledger, env, cwd)
+    ctx = build_router(settings, probe_engine(engine, "test"), table, ledger, env, cwd)
     try:
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(serve_router, ctx)

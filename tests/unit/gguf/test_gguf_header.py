@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from troupe.gguf import GGUFError, GGUFHeader, SkippedArray, _source, read_header
+from troupe.gguf.constants import GGUFValueType
 
-VT = gguf.GGUFValueType
+VT = GGUFValueType  # troupe's copy, equal to gguf's (test_gguf_constants.py)
 PSEUDO_FIELDS = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
 
 

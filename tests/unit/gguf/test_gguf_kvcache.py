@@ -17,6 +17,7 @@ from troupe.gguf import (
     model_facts,
     read_header,
 )
+from troupe.gguf.constants import GGMLQuantizationType
 
 MiB = 1 << 20
 
@@ -71,7 +72,8 @@ def test_per_layer_kv_heads(files: Any) -> None:
 
 
 def test_cache_types() -> None:
-    assert cache_type("Q8_0") is gguf.GGMLQuantizationType.Q8_0
+    assert cache_type("Q8_0") is GGMLQuantizationType.Q8_0  # troupe's copy of gguf's enum
+    assert cache_type("Q8_0") == gguf.GGMLQuantizationType.Q8_0
     assert cache_type(gguf.GGMLQuantizationType.IQ4_NL) is gguf.GGMLQuantizationType.IQ4_NL
     with pytest.raises(ValueError, match="unsupported cache type"):
         cache_type("q4_k")

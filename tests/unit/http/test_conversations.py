@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from troupe.http.conversations import ConversationTracker
+from troupe.conversations import ConversationTracker
 
 
 def test_the_table_forgets_the_least_recently_used_conversations_past_its_limit() -> None:

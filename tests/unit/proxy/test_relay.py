@@ -94,7 +94,9 @@ async def test_chunked_events_pass_through_byte_for_byte_one_write_per_read() ->
         request = seen[0]
         assert request.startswith(b"POST /completion?x=1 HTTP/1.1\r\nhost: 127.0.0.1:%d" % port)
         assert b"content-length: 13\r\n" in request
-        assert relay.idle_connections == 1  # finished: back in the pool
+        # Finished, but not pooled: llama-server closes a connection after a chunked
+        # answer (though it says keep-alive), and a request sent into it would be lost.
+        assert relay.idle_connections == 0
         await relay.aclose()
         nursery.cancel_scope.cancel()
 

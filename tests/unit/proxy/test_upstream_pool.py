@@ -269,3 +269,115 @@ async def test_a_burst_opens_more_but_only_the_childs_workers_stay_open() -> Non
         assert len(seen) == 5  # and the two kept are reused
         await pool.aclose()
         nursery.cancel_scope.cancel()
+
+
+def _answers_once_then_drops_the_next(received: list[bytes]) -> Handler:
+    """A child that answers the first request on a connection (keep-alive), reads the
+    next one whole and closes without answering (it may have acted on it)."""
+
+    async def handler(stream: trio.SocketStream, _: int) -> None:
+        first = await read_request(stream)
+        received.append(first.split(b" ", 1)[0])
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        second = await read_request(stream)
+        if second:
+            received.append(second.split(b" ", 1)[0])
+
+    return handler
+
+
+async def test_a_post_that_reached_the_child_is_never_sent_twice() -> None:
+    received: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        port, seen = await serve(nursery, _answers_once_then_drops_the_next(received))
+        pool = UpstreamPool()
+        assert await read_all(pool, port) == (200, b"ok")
+        with pytest.raises(UpstreamError, match="without answering"):
+            await read_all(pool, port, b'{"prompt": "x"}')  # on the pooled connection
+        assert received == [b"POST", b"POST"]  # the second one once, not again
+        assert seen == [1]  # no second connection was opened to send it again
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_get_that_broke_on_a_pooled_connection_is_sent_again() -> None:
+    received: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        port, seen = await serve(nursery, _answers_once_then_drops_the_next(received))
+        pool = UpstreamPool()
+        assert await read_all(pool, port) == (200, b"ok")
+        resp = await pool.request(child(port), "GET", "/slots", [(b"host", b"h")], b"")
+        assert resp.status_code == 200  # a GET changes nothing: it went again, on a new one
+        await resp.aclose()
+        assert received == [b"POST", b"GET", b"GET"]
+        assert seen == [1, 2]
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_connection_the_child_closed_is_found_before_a_post_uses_it() -> None:
+    # The child answers, then closes its side (its keep-alive timeout, or after a
+    # stream). A POST written into that connection would be lost without an answer and
+    # could not go again; the pool sees the close first and opens a new connection.
+    closed = trio.Event()
+    received: list[bytes] = []
+
+    async def answer_then_close(stream: trio.SocketStream, _: int) -> None:
+        request = await read_request(stream)
+        received.append(request.split(b" ", 1)[0])
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await stream.aclose()
+        closed.set()
+
+    async with trio.open_nursery() as nursery:
+        port, seen = await serve(nursery, answer_then_close)
+        pool = UpstreamPool()
+        assert await read_all(pool, port) == (200, b"ok")
+        assert pool.idle_count == 1
+        await closed.wait()
+        assert await read_all(pool, port, b'{"prompt": "x"}') == (200, b"ok")
+        assert received == [b"POST", b"POST"]
+        assert seen == [1, 2]
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_live_generation_is_the_started_child_not_yet_gone() -> None:
+    pool = UpstreamPool()
+    assert pool.live_generation("m") is None
+    pool.set_limit("m", 1, 4)
+    assert pool.live_generation("m") == 1
+    pool.set_limit("m", 2, 4)  # a restart: the newer child
+    assert pool.live_generation("m") == 2
+    pool.forget("m", 1)  # the old one's exit, reported late, leaves the new one
+    assert pool.live_generation("m") == 2
+    pool.forget("m", 2)
+    assert pool.live_generation("m") is None
+    pool.set_limit("m", 2, 4)  # a late start of a child already gone changes nothing
+    assert pool.live_generation("m") is None
+    await pool.aclose()
+
+
+async def test_a_chunked_answers_connection_is_not_kept_so_a_post_after_a_stream_is_safe() -> None:
+    # llama-server closes the connection right after a stream's last chunk (though it
+    # says keep-alive); pooled, the next request would race that close and be lost.
+    received: list[bytes] = []
+
+    async def stream_then_close(stream: trio.SocketStream, _: int) -> None:
+        request = await read_request(stream)
+        received.append(request.split(b" ", 1)[0])
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"2\r\nok\r\n0\r\n\r\n"
+        )
+
+    async with trio.open_nursery() as nursery:
+        port, seen = await serve(nursery, stream_then_close)
+        pool = UpstreamPool()
+        assert await read_all(pool, port) == (200, b"ok")
+        assert pool.idle_count == 0
+        assert await read_all(pool, port, b'{"prompt": "x"}') == (200, b"ok")
+        assert received == [b"POST", b"POST"]
+        assert seen == [1, 2]
+        await pool.aclose()
+        nursery.cancel_scope.cancel()

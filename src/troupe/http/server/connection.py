@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from troupe.http.errors import dumps
+from troupe.api import dumps
 from troupe.http.server.exchange import ClientGone, Exchange, status_line
 from troupe.http.server.parse import BadRequest, Request, RequestParser
 

@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl
 
 import trio
 
-from troupe.http.errors import JSON_TYPE
+from troupe.api import JSON_TYPE
 from troupe.http.server.parse import Request
 
 if TYPE_CHECKING:

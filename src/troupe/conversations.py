@@ -12,7 +12,8 @@ chosen by clients, so an unbounded table is a memory leak anyone can drive): pas
 DESIGN places the tickets in the scheduler; they live here instead because nothing in
 the model table depends on them (the scheduler only sees the lease a ticket waits for),
 and this tracker, like the table, has a single writer: the HTTP handlers, on one Trio
-thread, with no await between reading and changing an entry.
+thread, with no await between reading and changing an entry. The composition root
+(`troupe.router`) builds it, the handlers share it: so it sits below both.
 """
 
 from __future__ import annotations

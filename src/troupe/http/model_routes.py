@@ -1,0 +1,195 @@
+"""The router's own model routes (spec §3.2-§3.4): health, props, the model list and its
+SSE feed, load, unload, download and removal; the disabled tools routes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import trio
+
+from troupe import __version__
+from troupe.actors.scheduler import ModelUnavailable
+from troupe.api import dumps
+from troupe.catalog.hfcache import split_repo_tag
+from troupe.errors import ConfigError
+from troupe.http.models_json import models_list, settled_downloads
+from troupe.http.respond import local_body, send_error, send_failure, send_json, send_stream
+from troupe.http.server.exchange import Exchange
+from troupe.router import Router
+from troupe.sched import FAKE_TIMING_DELAY
+
+__all__ = [
+    "disabled",
+    "download",
+    "health",
+    "load",
+    "models",
+    "models_sse",
+    "props",
+    "remove",
+    "sse_event",
+    "unload",
+]
+
+_HEALTH = dumps({"status": "ok"})
+_SUCCESS = {"success": True}
+_DISABLED = {"error": {"message": "this feature is disabled", "type": "feature_disabled"}}
+
+
+async def _model_from_json(ex: Exchange) -> str | None:
+    """``body.model`` as upstream's ``json_value`` reads it ("" unless a string); None
+    once an error went out."""
+    raw = await local_body(ex)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        await send_error(ex, f"invalid JSON in request body: {exc}", "invalid_request_error")
+        return None
+    except RecursionError:
+        await send_error(
+            ex, "invalid JSON in request body: nested too deeply", "invalid_request_error"
+        )
+        return None
+    value = data.get("model") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+async def health(router: Router, ex: Exchange) -> None:
+    await ex.respond(200, _HEALTH)
+
+
+async def props(router: Router, ex: Exchange) -> None:
+    s = router.settings
+    await send_json(
+        ex,
+        {
+            "role": "router",
+            "max_instances": s.models_max,
+            "models_autoload": s.models_autoload,
+            "model_alias": "llama-server",
+            "model_path": "none",
+            "default_generation_settings": {"params": None, "n_ctx": 0},
+            "ui_settings": dict(s.ui_config),
+            "build_info": f"b0-troupe-{__version__}",
+            "cors_proxy_enabled": s.ui_mcp_proxy,
+        },
+    )
+
+
+async def models(router: Router, ex: Exchange) -> None:
+    if ex.params.get("reload", ""):
+        try:
+            await router.scheduler.reload()
+        except ModelUnavailable as exc:
+            await send_failure(ex, exc.failure)
+            return
+    await settled_downloads(router)
+    await send_json(ex, models_list(router, int(time.time())))
+
+
+async def load(router: Router, ex: Exchange) -> None:
+    name = await _model_from_json(ex)
+    if name is None:
+        return
+    entry = router.catalog.resolve(name)
+    scheduler = router.scheduler
+    if entry is None and name in scheduler.snapshot.downloads:
+        await send_json(ex, _SUCCESS)  # upstream: not unloaded, so nothing to do
+        return
+    if entry is None:
+        await send_error(ex, "model is not found", "not_found_error")
+        return
+    rejected = router.rejection(entry)
+    if rejected:
+        message = f"model '{entry.name}' cannot be served: {rejected}"
+        await send_error(ex, message, "invalid_request_error")
+        return
+    view = scheduler.snapshot.models.get(entry.name)
+    if view is not None and view.status.is_running:
+        await send_error(ex, "model is already running", "invalid_request_error")
+        return
+    if router.fake_timing:
+        await trio.sleep(FAKE_TIMING_DELAY)
+    try:
+        await scheduler.load(entry.name)
+    except ModelUnavailable as exc:
+        await send_failure(ex, exc.failure)
+        return
+    await send_json(ex, _SUCCESS)
+
+
+async def unload(router: Router, ex: Exchange) -> None:
+    name = await _model_from_json(ex)
+    if name is None:
+        return
+    entry = router.catalog.resolve(name)
+    if entry is None and name not in router.scheduler.snapshot.downloads:
+        await send_error(ex, "model is not found", "invalid_request_error")
+        return
+    try:  # a download: answered once its job has ended (§3.4)
+        await router.scheduler.unload(name if entry is None else entry.name)
+    except ModelUnavailable as exc:
+        await send_failure(ex, exc.failure)
+        return
+    await send_json(ex, _SUCCESS)
+
+
+def sse_event(event: dict[str, Any]) -> bytes:
+    """One scheduler event as an SSE ``data:`` line (the one place it is serialised)."""
+    return b"data: " + dumps(event) + b"\n\n"
+
+
+async def models_sse(router: Router, ex: Exchange) -> None:
+    async def events() -> AsyncGenerator[bytes, None]:
+        with router.scheduler.subscribe() as channel:
+            async for event in channel:
+                yield sse_event(event)
+
+    await send_stream(ex, b"X-Accel-Buffering: no\r\n", events())
+
+
+async def download(router: Router, ex: Exchange) -> None:
+    name = await _model_from_json(ex)
+    if name is None:
+        return
+    if not name:
+        await send_error(ex, "model must be a non-empty string", "invalid_request_error")
+        return
+    try:
+        split_repo_tag(name)
+    except ConfigError as exc:
+        await send_error(ex, f"{exc}\n", "invalid_request_error")  # upstream's ends with \n
+        return
+    scheduler = router.scheduler
+    if router.catalog.resolve(name) is not None or name in scheduler.snapshot.downloads:
+        await send_error(ex, f"model '{name}' already exists", "invalid_request_error")
+        return
+    plan, why, status = await router.downloads.plan(name)
+    try:
+        await scheduler.start_download(name, plan, why, status)
+    except ModelUnavailable as exc:
+        await send_failure(ex, exc.failure)
+        return
+    await send_json(ex, _SUCCESS)
+
+
+async def remove(router: Router, ex: Exchange) -> None:
+    name = ex.params.get("model", "")
+    if not name:
+        await send_error(ex, "model must be a non-empty string", "invalid_request_error")
+        return
+    try:
+        await router.scheduler.remove(name)
+    except ModelUnavailable as exc:
+        await send_failure(ex, exc.failure)
+        return
+    await send_json(ex, _SUCCESS)
+
+
+async def disabled(router: Router, ex: Exchange) -> None:
+    await send_json(ex, _DISABLED, 403)

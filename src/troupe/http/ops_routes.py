@@ -1,0 +1,69 @@
+"""The operations routes: ``GET /metrics`` (troupe's own, without ``?model=``) and
+``GET /logs/stream`` (every model's log, as SSE)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+import trio
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
+
+from troupe.api import dumps
+from troupe.http.respond import send_error, send_stream
+from troupe.http.server.exchange import Exchange
+from troupe.ops.exposition import render_metrics
+from troupe.router import Router
+
+__all__ = ["logs_stream", "metrics"]
+
+_SSE_FIELDS = b"Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
+
+
+async def metrics(router: Router, ex: Exchange) -> None:
+    body = await render_metrics(
+        router.scheduler, router.metrics, router.relay.pool, router.settings.memory_margin_bytes
+    )
+    await ex.respond(200, body, CONTENT_TYPE_PLAIN_0_0_4)
+
+
+def _sse(data: object, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + dumps(data) + b"\n\n"
+
+
+async def logs_stream(router: Router, ex: Exchange) -> None:
+    """A model's log as SSE: its recent lines first, then each new one. Without
+    ``?model=``, every model's. ``?lines=N`` limits the history, ``?no-history``
+    (llama-swap) skips it."""
+    params = ex.params
+    name = params.get("model", "")
+    model: str | None = None
+    if name:
+        entry = router.catalog.resolve(name)
+        if entry is None:  # as the proxied routes answer an unknown model
+            await send_error(ex, f"model '{name}' not found", "invalid_request_error")
+            return
+        model = entry.name
+    lines = params.get("lines", "")
+    if lines and not lines.isdigit():
+        await send_error(ex, "lines must be a number", "invalid_request_error")
+        return
+    limit = 0 if "no-history" in params else int(lines) if lines else None
+    logs = router.logs
+
+    async def events() -> AsyncGenerator[bytes, None]:
+        with logs.subscribe(model) as sub:
+            history = logs.recent(model, limit)
+            if history:
+                yield b"".join(_sse(line.to_json()) for line in history)
+            else:
+                yield b": no history\n\n"  # the headers and a first byte go out now
+            while True:
+                try:
+                    batch, missed = await sub.receive()
+                except trio.EndOfChannel:
+                    return
+                out = _sse({"missed": missed}, "missed") if missed else b""
+                yield out + b"".join(_sse(line.to_json()) for line in batch)
+
+    await send_stream(ex, _SSE_FIELDS, events())

@@ -1,0 +1,178 @@
+"""`ChildLauncher`: the scheduler's answers about the outside world.
+
+How to start a model's child (its command line, environment, stop ladder), how to
+measure one, how to read the model sources again, where a model's cache files are,
+and what a model was seen to hold. It implements the scheduler's `Launcher`
+protocol and holds nothing the scheduler acts on: the catalogue it reads is the
+scheduler's own (swapped whole on reload), reached through `read_catalogue_from`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from troupe.actors.instance import LaunchSpec
+from troupe.actors.memory import ObservedStore
+from troupe.catalog import Catalog, ModelEntry, build_catalog
+from troupe.catalog.facts import FactsCache
+from troupe.catalog.hfcache import cache_dir
+from troupe.catalog.memory import model_need
+from troupe.catalog.prepared import PreparedCatalog
+from troupe.catalog.removal import remove_cached
+from troupe.child.ports import free_port
+from troupe.engine import Engine
+from troupe.errors import ConfigError
+from troupe.gguf import ModelFacts
+from troupe.ops.logs import ModelLogs
+from troupe.sched import ModelConfig
+from troupe.settings.options import OptionTable
+from troupe.settings.router import RouterSettings
+
+__all__ = ["ChildLauncher", "fingerprint"]
+
+
+def fingerprint(args: list[str]) -> str:
+    """Identity of a command line: memory seen under one does not hold for another."""
+    return hashlib.sha256("\0".join(args).encode()).hexdigest()[:16]
+
+
+class _CatalogueOwner(Protocol):
+    @property
+    def catalogue(self) -> PreparedCatalog: ...
+
+
+class ChildLauncher:
+    """The scheduler's `Launcher`: child command lines, scans, cache files, memory seen."""
+
+    def __init__(
+        self,
+        settings: RouterSettings,
+        engine: Engine,
+        table: OptionTable,
+        environ: dict[str, str],
+        cwd: Path,
+        *,
+        facts: FactsCache,
+        observed: ObservedStore,
+        logs: ModelLogs,
+        gpus: tuple[str, ...],
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.table = table
+        self.environ = environ
+        self.cwd = cwd
+        self.facts = facts
+        self.observed = observed
+        self.logs = logs
+        self.gpus = gpus
+        self._facts_lock = threading.Lock()  # scans run in worker threads
+        self._owner: _CatalogueOwner | None = None
+        # status.args shows the last rendered command line (port 0 before a first load).
+        self._last_args: dict[str, list[str]] = {}
+
+    def read_catalogue_from(self, owner: _CatalogueOwner) -> None:
+        """The catalogue in effect is ``owner``'s (the scheduler's, replaced on reload)."""
+        self._owner = owner
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._owner is None:
+            raise RuntimeError("the launcher has no catalogue yet (read_catalogue_from)")
+        return self._owner.catalogue.catalog
+
+    # ----- catalogues ----------------------------------------------------------------------
+
+    def prepare(self, catalog: Catalog) -> PreparedCatalog:
+        """What the scheduler needs from a fresh catalogue (reads GGUF headers)."""
+        with self._facts_lock:
+            rejections = {}
+            for entry in catalog:
+                facts = self.facts.facts(entry.model_path)
+                if isinstance(facts, ModelFacts) and facts.rejection:
+                    rejections[entry.name] = facts.rejection
+            return PreparedCatalog(catalog, tuple(self.model_configs(catalog)), rejections)
+
+    def scan(self) -> PreparedCatalog:
+        """Re-read every model source (§6.9 step 1); ConfigError when one is broken."""
+        catalog = build_catalog(
+            self.settings,
+            self.table,
+            self.environ,
+            self.cwd,
+            reload=True,
+            probe=self.facts.architecture,
+        )
+        return self.prepare(catalog)
+
+    def model_configs(self, catalog: Catalog) -> list[ModelConfig]:
+        configs = []
+        for e in catalog:
+            fp = fingerprint(catalog.child_args(e, 0, bin_path=str(self.engine.path)))
+            need = self.observed.get(e.name, fp) or model_need(e, self.facts, self.gpus)
+            configs.append(
+                ModelConfig(
+                    name=e.name,
+                    pin=e.pin,
+                    ttl=float(e.ttl) if e.ttl else None,  # ttl = 0: never
+                    fingerprint=fp,
+                    need=need,
+                )
+            )
+        return configs
+
+    def remove_files(self, model: str) -> bool:
+        return remove_cached(cache_dir(self.environ), model)
+
+    def remember_memory(self, model: str, used: Mapping[str, int]) -> None:
+        entry = self.catalog.get(model)
+        if entry is not None:
+            fp = fingerprint(self.catalog.child_args(entry, 0, bin_path=str(self.engine.path)))
+            self.observed.put(model, fp, used)
+
+    # ----- children ------------------------------------------------------------------------
+
+    def launch_spec(self, model: str) -> LaunchSpec:
+        entry = self.catalog.get(model)
+        if entry is None:
+            raise ConfigError(f"model {model} is not in the catalogue")
+        env = dict(self.environ)
+        # The configured port, even 0 (upstream); its presence is what makes a child a child.
+        env["LLAMA_SERVER_ROUTER_PORT"] = str(self.settings.port)
+
+        def argv(port: int) -> list[str]:
+            args = self.render_args(entry, port)
+            self._last_args[model] = args
+            return args
+
+        return LaunchSpec(
+            model=model,
+            argv=argv,
+            env=env,
+            stop_timeout=float(entry.stop_timeout),
+            term_grace=entry.term_grace,
+            cwd=self.catalog.cwd,
+            load_timeout=self.settings.load_timeout,
+            log_sink=self.logs.writer(model),
+        )
+
+    def measure_command(self, model: str) -> tuple[list[str], dict[str, str]]:
+        entry = self.catalog.get(model)
+        if entry is None:
+            raise ConfigError(f"model {model} is not in the catalogue")
+        return self.render_args(entry, free_port()), dict(self.environ)
+
+    def render_args(self, entry: ModelEntry, port: int) -> list[str]:
+        return self.catalog.child_args(
+            entry,
+            port,
+            bin_path=str(self.engine.path),
+            app_cmd=self.environ.get("LLAMA_APP_CMD", ""),
+        )
+
+    def status_args(self, entry: ModelEntry) -> list[str]:
+        return self._last_args.get(entry.name) or self.render_args(entry, 0)

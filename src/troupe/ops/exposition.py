@@ -1,0 +1,61 @@
+"""troupe's Prometheus exposition (``GET /metrics``): its counters, the gauges built from
+the scheduler's snapshot and a fresh memory reading, and the children's own metrics."""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import generate_latest
+from prometheus_client.metrics_core import Metric
+
+from troupe.actors.scheduler import Scheduler
+from troupe.ops.children import merge_families, scrape_children
+from troupe.ops.metrics import RouterMetrics
+from troupe.ops.state import ScrapeState, state_families
+from troupe.proxy.upstream import UpstreamPool
+from troupe.sched.memory import MemorySample
+
+__all__ = ["render_metrics"]
+
+log = logging.getLogger("troupe.metrics")
+
+
+class _Families:
+    """What `generate_latest` reads: a fixed list of families."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+async def _sample(scheduler: Scheduler, pids: list[int]) -> MemorySample | None:
+    sampler = scheduler.sampler
+    if sampler is None:
+        return None
+    try:
+        return await sampler.asample(pids)
+    except Exception as exc:  # a failed reading leaves the memory gauges out, not the scrape
+        log.warning("memory reading for /metrics failed: %s", exc)
+        return None
+
+
+async def render_metrics(
+    scheduler: Scheduler, metrics: RouterMetrics, pool: UpstreamPool, margin: int | None
+) -> bytes:
+    """The whole exposition; ``margin`` is ``--models-memory-margin`` (None: off)."""
+    snap = scheduler.snapshot
+    running = [v for v in snap.models.values() if v.status.is_running]
+    ports = {v.name: v.port for v in running if v.port and v.status.is_ready_or_sleeping}
+    sample = await _sample(scheduler, [v.pid for v in running if v.pid])
+    children, up = await scrape_children(pool, ports)
+    state = ScrapeState(
+        snapshot=scheduler.snapshot,  # the freshest, after the awaits above
+        margin=margin,
+        swaps_per_minute=metrics.swaps_per_minute(scheduler.snapshot),
+        sample=sample,
+        children_up=up,
+    )
+    own = generate_latest(metrics.registry)
+    return own + generate_latest(_Families(state_families(state) + merge_families(children)))

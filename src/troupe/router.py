@@ -1,0 +1,192 @@
+"""The composition root: `build_router` makes every part of one router; `Router` holds them.
+
+`build_router` reads the catalogue, the devices and the observed memory, and builds
+the scheduler (core and actor, with `ChildLauncher` as its launcher), the relay and
+its pool, the metrics, the logs, the downloads and the conversation tracker. `Router`
+is a plain container of those parts, handed to the servers: `troupe.http` serves from
+it, `troupe.service` runs it (nursery, signals, shutdown order). Nothing here serves
+or runs; the parts own their state (the scheduler its table), the router owns none.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Protocol
+
+import attrs
+import trio
+
+from troupe.actors.memory import MemorySampler, ObservedStore, gpu_name
+from troupe.actors.scheduler import Scheduler
+from troupe.catalog import Catalog, ModelEntry, build_catalog, check_startup
+from troupe.catalog.facts import FactsCache
+from troupe.child.ledger import PidLedger, default_state_dir
+from troupe.conversations import ConversationTracker
+from troupe.download.router import RouterDownloads
+from troupe.engine import Engine
+from troupe.errors import ConfigError
+from troupe.hardware.devices import DeviceList, DeviceReader
+from troupe.launcher import ChildLauncher
+from troupe.ops.logs import ModelLogs
+from troupe.ops.metrics import RouterMetrics
+from troupe.proxy.relay import Relay
+from troupe.sched import SchedulerCore
+from troupe.sched.memory import MemoryLedger
+from troupe.settings.options import OptionTable
+from troupe.settings.router import RouterSettings
+
+__all__ = ["FAKE_TIMING_ENV", "Drainable", "Router", "build_router"]
+
+log = logging.getLogger("troupe.router")
+
+FAKE_TIMING_ENV = "LLAMA_SERVER_DEBUG_FAKE_TIMING"
+
+
+class Drainable(Protocol):
+    """The running HTTP server, as the shutdown drives it (`troupe.http.HttpServer`)."""
+
+    urls: list[str]
+
+    def stop_accepting(self) -> None: ...
+
+    def close_idle(self) -> None: ...
+
+    async def drain(self, grace: float) -> None: ...
+
+
+@attrs.define(eq=False)
+class Router:
+    """Settings and the running parts of one router, for the servers to use."""
+
+    settings: RouterSettings
+    engine: Engine
+    scheduler: Scheduler
+    launcher: ChildLauncher
+    relay: Relay  # the one transport to children
+    metrics: RouterMetrics  # fed by the scheduler's listeners and the relay
+    logs: ModelLogs  # every model's log, across its children
+    downloads: RouterDownloads  # POST /models
+    conversations: ConversationTracker  # X-Conversation-Id -> model (§6.6)
+    devices: DeviceList  # totals for feasibility; free memory is sampled
+    reader: DeviceReader
+    fake_timing: bool = False
+    # The servers' side of the lifecycle: ready once listening; `http_stop` asks the
+    # HTTP server to drain, `http_done` says it has; `http_server` is the drain's handle.
+    ready: bool = False
+    http_stop: trio.Event = attrs.field(factory=trio.Event)
+    http_done: trio.Event = attrs.field(factory=trio.Event)
+    http_server: Drainable | None = None
+
+    @property
+    def catalog(self) -> Catalog:
+        """The catalogue in effect (the scheduler's; replaced whole on reload)."""
+        return self.scheduler.catalogue.catalog
+
+    @property
+    def facts(self) -> FactsCache:
+        return self.launcher.facts
+
+    def rejection(self, entry: ModelEntry) -> str | None:
+        """Why ``entry`` cannot run as a text model (a CLIP projector file), or None.
+        Worked out once per catalogue: no file system access on the request path."""
+        return self.scheduler.catalogue.rejection(entry)
+
+    def status_args(self, entry: ModelEntry) -> list[str]:
+        """The child's command line as ``GET /models`` shows it (the last one rendered)."""
+        return self.launcher.status_args(entry)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def build_router(
+    settings: RouterSettings,
+    engine: Engine,
+    table: OptionTable,
+    ledger: PidLedger | None,
+    environ: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    *,
+    use_nvml: bool = True,
+) -> Router:
+    """Every part of a router for ``settings``; ConfigError when the catalogue is broken."""
+    env = dict(os.environ if environ is None else environ)
+    facts = FactsCache(no_mmproj=_no_mmproj(settings))
+    try:
+        catalog = build_catalog(settings, table, env, cwd or Path.cwd(), probe=facts.architecture)
+        check_startup(catalog, settings.models_max)
+    except ConfigError as exc:
+        raise ConfigError(f"failed to initialize router models: {exc}") from None
+    for warning in catalog.warnings:
+        log.warning("%s", warning)
+    log.info("%d models in the catalogue", len(catalog))
+    # Memory admission: devices read once for the estimates' layout, then sampled
+    # whenever the scheduler needs a fresh reading.
+    reader = DeviceReader("auto" if use_nvml else None)
+    devices = reader.read()
+    state_dir = settings.state_dir or default_state_dir()
+    logs = ModelLogs()
+    launcher = ChildLauncher(
+        settings,
+        engine,
+        table,
+        env,
+        catalog.cwd,
+        facts=facts,
+        observed=ObservedStore(state_dir / "observed-memory.json"),
+        logs=logs,
+        gpus=tuple(gpu_name(g.index) for g in devices.gpus),
+    )
+    fake_timing = bool(env.get(FAKE_TIMING_ENV))
+    margin = settings.memory_margin_bytes
+    prepared = launcher.prepare(catalog)
+    core = SchedulerCore(
+        prepared.configs,
+        settings.models_max,
+        fake_timing=fake_timing,
+        queue_max=settings.queue_max,
+        memory=MemoryLedger(margin) if margin is not None else None,
+        drain_after=settings.drain_after,
+        measure=True,  # the engine's own projection, for every model it can read
+    )
+    metrics = RouterMetrics(settings.api_prefix)
+    # One transport for every byte sent to a child; the scheduler tells it when a
+    # child is gone, so no connection to a dead child stays open or is reused.
+    relay = Relay(float(settings.timeout), observe=metrics.observe_relay)
+    token = next((v for o, v in settings.base_args if o.long_name == "--hf-token"), None)
+    downloads = RouterDownloads(env, state_dir, token)
+    scheduler = Scheduler(
+        core,
+        launcher,
+        prepared,
+        ledger=ledger,
+        sampler=MemorySampler(reader) if margin is not None else None,
+        transport=relay,
+        downloads=downloads,
+    )
+    launcher.read_catalogue_from(scheduler)
+    scheduler.add_listener(metrics.on_event)
+    scheduler.add_listener(logs.on_event)
+    return Router(
+        settings=settings,
+        engine=engine,
+        scheduler=scheduler,
+        launcher=launcher,
+        relay=relay,
+        metrics=metrics,
+        logs=logs,
+        downloads=downloads,
+        conversations=ConversationTracker(),
+        devices=devices,
+        reader=reader,
+        fake_timing=fake_timing,
+    )
+
+
+def _no_mmproj(settings: RouterSettings) -> bool:
+    """``--no-mmproj`` on the router command line hides projector modalities (§2.8)."""
+    return any(
+        opt.env == "LLAMA_ARG_MMPROJ_AUTO" and value == "0" for opt, value in settings.base_args
+    )

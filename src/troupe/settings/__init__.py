@@ -1,0 +1,1 @@
+"""Router settings: llama-server's option table, the command line, the config file."""
