@@ -129,8 +129,12 @@ class ChildReports:
             m.move(Phase.RETRYING)  # its waiters keep waiting for the second try
         elif not expected and self._crashes.crashed(m, now):
             m.move(Phase.HELD)
+        elif was_stopping and m.last_stop is not None and m.last_stop.reason is StopReason.REPLAN:
+            m.exit_code = 0  # asked for, not a failure (a load it killed exits 1)
+            m.move(Phase.REPLANNING)  # started again at once, on its narrower lane
         else:
             m.move(at_rest(m))
+        self._children.free_cpus(m)
         if was_running:
             self._out.emit(StatusChanged(model, Status.UNLOADED, exit_code=code))
             # troupe's own: did troupe ask for it, and was it OOM (metrics, logs, dashboard)

@@ -8,6 +8,7 @@ for fair admission, a memory reading while a victim exits).
 from __future__ import annotations
 
 from troupe.sched.admission import MemoryAdmission
+from troupe.sched.cpu import CpuLedger, CpuPlan
 from troupe.sched.drain import DrainClock
 from troupe.sched.effects import Spawn, Stop
 from troupe.sched.events import ModelStatusSet, StopRequested
@@ -78,14 +79,23 @@ class Children:
         outbox: Outbox,
         clock: DrainClock,
         memory: MemoryAdmission | None,
+        cpu: CpuLedger | None = None,
     ) -> None:
         self._table = table
         self._out = outbox
         self._clock = clock
         self._memory = memory
+        self._cpu = cpu
 
-    def spawn(self, m: ModelState, now: float, delay: float) -> None:
+    def spawn(self, m: ModelState, now: float, delay: float, cpu: CpuPlan | None = None) -> None:
+        """Start ``m``'s next child (on lane ``cpu``, when troupe places it)."""
         m.gen = self._table.next_gen(m)
+        m.cpu = cpu
+        if self._cpu is not None:
+            if cpu is not None:
+                self._cpu.hold(m.name, cpu)
+            elif m.config.cpu is not None:
+                self._cpu.hold_fixed(m.name, m.config.cpu)
         m.exit_code = 0
         m.last_stop = None
         m.drain_for = None
@@ -95,7 +105,7 @@ class Children:
             # Upstream's load() sets "loading" as it spawns: a GET /models or an unload
             # right after a successful POST /models/load must see a running model.
             self.announce_loading(m, now)
-        self._out.add(Spawn(m.name, m.gen, delay))
+        self._out.add(Spawn(m.name, m.gen, delay, cpu))
 
     def announce_loading(self, m: ModelState, now: float) -> None:
         m.reported = Status.LOADING
@@ -126,10 +136,15 @@ class Children:
                 # this reading the moment the victim is gone (see MemoryAdmission).
                 self.ask_memory()
         self._out.emit(StopRequested(m.name, cause))
+        self.free_cpus(m)  # an exiting child computes nothing: its lane is free
         # A model still loading has no request to finish: it is killed at once.
         kill = m.status is Status.LOADING or m.spawn_pending
         m.move(Phase.ABORTING if m.spawn_pending else Phase.STOPPING)
         self._out.add(Stop(m.name, m.gen, kill=kill, cause=cause))
+
+    def free_cpus(self, m: ModelState) -> None:
+        if self._cpu is not None:
+            self._cpu.release(m.name)
 
     def ask_memory(self) -> None:
         if self._memory is not None:

@@ -22,6 +22,7 @@ from typing import Any
 from troupe.sched.admission import MemoryAdmission
 from troupe.sched.child_reports import ChildReports
 from troupe.sched.children import Children, CrashRecord, at_rest, lift_hold
+from troupe.sched.cpu import CpuLedger
 from troupe.sched.drain import DrainClock
 from troupe.sched.effects import Effect, Failure
 from troupe.sched.lru import record_demand, ttl_expiry
@@ -29,6 +30,7 @@ from troupe.sched.measuring import MeasureQueue
 from troupe.sched.memory import MemoryLedger, MemorySample
 from troupe.sched.outbox import Outbox
 from troupe.sched.phase import Phase
+from troupe.sched.placement import Placement
 from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
@@ -58,6 +60,7 @@ class SchedulerCore:
         memory: MemoryLedger | None = None,
         drain_after: float | None = None,
         measure: bool = False,
+        cpu: CpuLedger | None = None,
     ) -> None:
         self.limits = Limits(models_max, queue_max, fake_timing)
         self.table = ModelTable(models)
@@ -75,7 +78,10 @@ class SchedulerCore:
         self.projections = (
             Projections(memory, self.outbox) if measure and memory is not None else None
         )
-        self.children = Children(self.table, self.outbox, self.clock, self.memory)
+        # CPU placement (None: --cpu-placement off, children take the engine's defaults).
+        self.cpu = cpu
+        self.children = Children(self.table, self.outbox, self.clock, self.memory, cpu)
+        self.placement = Placement(cpu, self.table, self.children, self.outbox)
         self.settler = Settler(
             self.limits,
             self.table,
@@ -88,6 +94,7 @@ class SchedulerCore:
             self.memory,
             self.projections,
             self.outbox,
+            self.placement,
         )
         self.reports = ChildReports(
             self.table,
@@ -245,8 +252,8 @@ class SchedulerCore:
         if m is None:
             out.reply(rid, Failure.bad_request("model is not found"))
         elif not m.status.is_running:
-            if m.phase is Phase.RETRYING:
-                m.move(at_rest(m))  # the OOM retry is called off; its waiters fail
+            if m.phase in (Phase.RETRYING, Phase.REPLANNING):
+                m.move(at_rest(m))  # the second start is called off; its waiters fail
                 self._settle(now)
             out.reply(rid, Failure.bad_request("model is not running"))
         else:

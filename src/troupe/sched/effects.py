@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from troupe.sched.cpu import CpuPlan
 from troupe.sched.events import SchedulerEvent
 from troupe.sched.reasons import StopCause
 
@@ -31,6 +32,7 @@ class Spawn:
     model: str
     gen: int
     delay: float = 0.0  # LLAMA_SERVER_DEBUG_FAKE_TIMING waits before spawning
+    cpu: CpuPlan | None = None  # its lane (None: not troupe's to place)
 
 
 @attrs.frozen

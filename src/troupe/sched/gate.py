@@ -10,6 +10,7 @@ from troupe.sched.drain import DrainClock
 from troupe.sched.events import MemoryWarning
 from troupe.sched.lru import pick_victim
 from troupe.sched.outbox import Outbox
+from troupe.sched.placement import Placement
 from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
@@ -29,8 +30,10 @@ class LoadGate:
         projections: Projections | None,
         children: Children,
         outbox: Outbox,
+        placement: Placement,
     ) -> None:
         self.models_max = models_max
+        self.placement = placement
         self._table = table
         self._queue = queue
         self._clock = clock
@@ -46,10 +49,11 @@ class LoadGate:
 
     def admits(self, m: ModelState, now: float) -> bool:
         """A queued model may load: a free slot and room in memory, or (see
-        `_starts_beside_leaving`) a slot whose model is already on its way out."""
+        `_starts_beside_leaving`) a slot whose model is already on its way out; and a
+        CPU lane (`Placement`)."""
         if self.has_capacity():
-            return self.memory_admits(m, now)
-        return self._starts_beside_leaving(m)
+            return self.memory_admits(m, now) and self.placement.admits(m, now)
+        return self._starts_beside_leaving(m) and self.placement.admits(m, now)
 
     def _starts_beside_leaving(self, m: ModelState) -> bool:
         """With fair admission and memory admission on, a model takes the slot of an idle

@@ -22,6 +22,7 @@ class Phase(enum.Enum):
     FAILED = "failed"  # no child: the last one ended with a non-zero exit code
     HELD = "held"  # no child: it crashed too often lately, held back until a deadline
     RETRYING = "retrying"  # no child: died of OOM while loading, tried again after evictions
+    REPLANNING = "replanning"  # no child: stopped to start again on a narrower CPU lane
     DELAYED = "delayed"  # a spawn waiting out LLAMA_SERVER_DEBUG_FAKE_TIMING (shown unloaded)
     STARTING = "starting"  # a spawn under way: no process yet (shown loading)
     LOADING = "loading"  # the child runs and loads its model
@@ -62,12 +63,13 @@ class Phase(enum.Enum):
         return reported if fixed is None else fixed
 
 
-_NO_CHILD = frozenset({Phase.UNLOADED, Phase.FAILED, Phase.HELD, Phase.RETRYING})
+_NO_CHILD = frozenset({Phase.UNLOADED, Phase.FAILED, Phase.HELD, Phase.RETRYING, Phase.REPLANNING})
 _SHOWN = {
     Phase.UNLOADED: Status.UNLOADED,
     Phase.FAILED: Status.UNLOADED,
     Phase.HELD: Status.UNLOADED,
     Phase.RETRYING: Status.UNLOADED,
+    Phase.REPLANNING: Status.UNLOADED,
     Phase.DELAYED: Status.UNLOADED,
     Phase.STARTING: Status.LOADING,
     Phase.LOADING: Status.LOADING,
@@ -93,6 +95,8 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.HELD: frozenset({Phase.FAILED, Phase.UNLOADED}),
     # Its evictions are done (spawned again), or the retry is called off.
     Phase.RETRYING: frozenset({Phase.STARTING, Phase.FAILED, Phase.UNLOADED}),
+    # Started again on its new lane, or called off (shutdown, unload, a reload).
+    Phase.REPLANNING: frozenset({Phase.STARTING, Phase.UNLOADED}),
     Phase.DELAYED: EXITS | {Phase.LOADING, Phase.ABORTING},
     Phase.STARTING: EXITS | {Phase.LOADING, Phase.ABORTING, Phase.RETRYING},
     Phase.LOADING: EXITS | _REPORTS | {Phase.STOPPING, Phase.RETRYING},
@@ -100,8 +104,8 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.SLEEPING: EXITS | _REPORTS | {Phase.DRAINING, Phase.STOPPING},
     # A drain is called off when the model it was for no longer waits: back to serving.
     Phase.DRAINING: EXITS | _REPORTS | {Phase.STOPPING, Phase.RETRYING},
-    Phase.ABORTING: EXITS | {Phase.STOPPING},  # its process started: stopped like any
-    Phase.STOPPING: EXITS,
+    Phase.ABORTING: EXITS | {Phase.STOPPING, Phase.REPLANNING},  # started: stopped like any
+    Phase.STOPPING: EXITS | {Phase.REPLANNING},
 }
 
 

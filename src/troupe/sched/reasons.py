@@ -19,6 +19,7 @@ class StopReason(enum.StrEnum):
     MEMORY = "memory"  # its memory was needed by a model that would not fit
     DRAIN = "drain"  # swapped out for a model that starved while it stayed busy
     TTL = "ttl"  # idle longer than its ttl
+    REPLAN = "replan"  # started again on a narrower CPU lane, beside a model that needs one
     UNLOAD = "unload"  # POST /models/unload
     RELOAD = "reload"  # a reload changed its preset
     DROPPED = "dropped"  # a reload dropped it from the catalogue
@@ -37,7 +38,8 @@ class StopReason(enum.StrEnum):
 
 
 _SWAPS = frozenset({StopReason.LRU, StopReason.MEMORY, StopReason.DRAIN})
-_EVICTIONS = _SWAPS | {StopReason.TTL}
+_FOR = _SWAPS | {StopReason.REPLAN}  # reasons that name the model they are for
+_EVICTIONS = _SWAPS | {StopReason.TTL, StopReason.REPLAN}
 # The words upstream-compatible readers have always seen (``last_eviction``).
 _WORDS = {
     StopReason.TTL: "ttl",
@@ -58,7 +60,7 @@ class StopCause:
 
     def describe(self) -> str:
         """In words, for logs and ``/models``: ``lru for b``, ``ttl``, ``unload request``."""
-        if self.reason.is_swap:
+        if self.reason in _FOR:
             return f"{self.reason.value} for {self.for_model}"
         return _WORDS[self.reason]
 

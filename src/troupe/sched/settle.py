@@ -25,6 +25,7 @@ from troupe.sched.gate import LoadGate
 from troupe.sched.lru import evictions_needed, pick_victim
 from troupe.sched.outbox import Outbox
 from troupe.sched.phase import Phase
+from troupe.sched.placement import Placement
 from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
@@ -59,6 +60,7 @@ class Settler:
         memory: MemoryAdmission | None,
         projections: Projections | None,
         outbox: Outbox,
+        placement: Placement,
     ) -> None:
         self.limits = limits
         self._table = table
@@ -73,8 +75,10 @@ class Settler:
         self._out = outbox
         self._prefetched: set[str] = set()  # models waiting for a slot, files read ahead
         self.gate = LoadGate(
-            limits.models_max, table, queue, clock, memory, projections, children, outbox
-        )
+            limits.models_max, table, queue, clock, memory, projections, children, outbox,
+            placement,
+        )  # fmt: skip
+        self.placement = placement
 
     def has_capacity(self) -> bool:
         return self.gate.has_capacity()
@@ -108,6 +112,9 @@ class Settler:
     def settle(self, now: float) -> None:
         """Re-examine every waiter and parked load, then free slots the queue needs."""
         table, changes = self._table, self._changes
+        self.placement.keep_reserved(
+            {e.model for e in self._queue.entries} | set(self._requests.wanted())
+        )
         pending = changes.reload
         if pending is not None and not any(
             (m := table.get(n)) is not None and m.is_running for n in pending.restart
@@ -122,8 +129,9 @@ class Settler:
                 self._out.add(DeleteFiles(rid, model))
         if not self._requests.closed and not changes.reloading and not table.any_stopping():
             for m in list(table):
-                if m.phase is Phase.RETRYING:  # an out-of-memory load, tried once more
-                    self._children.spawn(m, now, delay=0.0)
+                if m.phase is Phase.RETRYING and self.placement.admits(m, now):
+                    # An out-of-memory load, tried once more.
+                    self._children.spawn(m, now, delay=0.0, cpu=self.placement.take(m.name))
         # Until nothing changes: a waiter looked at before the entry ahead of it emptied
         # must be looked at again now, not at some later, unrelated event.
         while True:
@@ -137,6 +145,7 @@ class Settler:
                 break
         for rid, d in list(self._requests.direct.items()):
             self._advance_direct(rid, d, now)
+        self._respawn_replanned(now)
         self._tick(now)
         self.measure_next()
         stop_all = self._requests.stop_all
@@ -148,6 +157,18 @@ class Settler:
     def _queue_state(self) -> tuple[list[tuple[str, bool, int]], int]:
         entries = [(e.model, e.loading, e.waiters) for e in self._queue.entries]
         return entries, len(self._requests.waiters)
+
+    def _respawn_replanned(self, now: float) -> None:
+        """A child stopped to be narrowed starts again on its new lane, after the waiters
+        (the model it made room for plans first); with no slot left for it, it is just
+        unloaded (a request brings it back)."""
+        for m in list(self._table):
+            if m.phase is not Phase.REPLANNING:
+                continue
+            if self._requests.closed or not self.has_capacity():
+                m.move(Phase.UNLOADED)
+            elif not self._changes.reloading and self.placement.admits(m, now):
+                self._children.spawn(m, now, delay=0.0, cpu=self.placement.take(m.name))
 
     def _finish_reload(self, now: float) -> None:
         """Swap in the new model list (§6.9 steps 4-8), once every model the reload stops
@@ -224,8 +245,8 @@ class Settler:
         if status is Status.LOADING:
             w.saw_loading = True
             return
-        if m.spawn_pending or m.phase is Phase.RETRYING:
-            return  # claimed, or tried again after an out-of-memory death
+        if m.spawn_pending or m.phase in (Phase.RETRYING, Phase.REPLANNING):
+            return  # claimed, or started again (after an out-of-memory death, a re-plan)
         if w.did_load or w.saw_loading:
             if m.failed:
                 detail = f": {m.last_error}" if m.last_error else ""
@@ -247,7 +268,7 @@ class Settler:
             # Upstream's load() sleeps here under LLAMA_SERVER_DEBUG_FAKE_TIMING; the direct
             # POST /models/load path sleeps in the HTTP handler instead.
             delay = FAKE_TIMING_DELAY if self.limits.fake_timing else 0.0
-            self._children.spawn(m, now, delay=delay)
+            self._children.spawn(m, now, delay=delay, cpu=self.placement.take(name))
 
     def _advance_direct(self, rid: int, d: DirectLoad, now: float) -> None:
         if self._changes.reloading:
@@ -275,8 +296,8 @@ class Settler:
             self._out.reply(rid, None)
         elif not self.has_capacity():
             self._out.reply(rid, Failure.server_error("model limit reached, try again later"))
-        elif self.gate.memory_admits(m, now):
-            self._children.spawn(m, now, delay=0.0)
+        elif self.gate.memory_admits(m, now) and self.placement.admits(m, now):
+            self._children.spawn(m, now, delay=0.0, cpu=self.placement.take(m.name))
             # Answered at once, before the child has started: a spawn that fails shows as
             # loading -> unloaded (exit code 1) where upstream would answer 500.
             self._out.reply(rid, None)
@@ -291,7 +312,7 @@ class Settler:
         # a slot of their own, counted below in this same tick.
         for m in list(table):
             if m.phase is Phase.DRAINING and m.in_flight == 0:
-                self._children.stop(m, StopCause(StopReason.DRAIN, m.drain_for), now)
+                self._children.stop(m, StopCause(m.drain_reason, m.drain_for), now)
         need = evictions_needed(table.models, queue, self.limits.models_max)
         # The free slots go to the first entries in line; the evictions are for the rest.
         needy = [
@@ -331,6 +352,7 @@ class Settler:
             wanted = self._table.get(target)
             if self._queue.find(target) is None or wanted is None or wanted.is_running:
                 m.drain_for = None
+                m.drain_reason = StopReason.DRAIN
                 m.move(Phase.reporting(m.reported))
 
     def start_drain(self, now: float) -> None:
@@ -360,6 +382,7 @@ class Settler:
         self._clock.drained(found=True)
         m = table.models[victim]
         m.drain_for = needy[0]
+        m.drain_reason = StopReason.DRAIN
         m.move(Phase.DRAINING)
         self._out.emit(DrainStarted(victim, needy[0], m.in_flight))
 

@@ -44,7 +44,7 @@ class Shutdown:
         one waits for them)."""
         self._close()
         for m in list(self._table):
-            if m.phase is Phase.RETRYING:
+            if m.phase in (Phase.RETRYING, Phase.REPLANNING):
                 m.move(at_rest(m))
             if m.status is Status.LOADING or m.spawn_pending:
                 self._children.stop(m, _SHUTDOWN, now)

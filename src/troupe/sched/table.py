@@ -8,10 +8,11 @@ from typing import Any
 
 import attrs
 
+from troupe.sched.cpu import CpuPlan, CpuRequest
 from troupe.sched.downloads import DownloadView
 from troupe.sched.memory import DeviceMemory
 from troupe.sched.phase import TRANSITIONS, IllegalTransition, Phase
-from troupe.sched.reasons import StopCause
+from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.status import Status
 
 __all__ = ["ModelConfig", "ModelState", "ModelTable", "ModelView", "Snapshot"]
@@ -26,6 +27,7 @@ class ModelConfig:
     ttl: float | None = None  # unload after this many idle seconds
     fingerprint: str = ""  # identity of its command line (memory observations are per it)
     need: Mapping[str, int] | None = None  # bytes per device to load it; None: unknown
+    cpu: CpuRequest | None = None  # its own CPU flags (then troupe leaves its CPUs as given)
 
 
 @attrs.define
@@ -44,6 +46,8 @@ class ModelState:
     exit_code: int = 0  # upstream's, of the last child (0 while one runs)
     last_stop: StopCause | None = None  # why the current (or last) child was told to stop
     drain_for: str | None = None  # draining for this model (kept while it then stops)
+    drain_reason: StopReason = StopReason.DRAIN  # why: a swap, or a narrower CPU lane
+    cpu: CpuPlan | None = None  # where troupe placed its current child (None: not placed)
     held_until: float | None = None  # HELD: until when
     oom_retried: bool = False  # a load died of OOM and was retried since it last came up
     progress: dict[str, Any] | None = None
@@ -208,6 +212,8 @@ class ModelView:
     memory_reserved: Mapping[str, int] | None = None  # what admission counts: used, else need
     memory_source: str | None = None  # where memory_need comes from: "engine" or "estimate"
     memory_high: Mapping[str, int] | None = None  # the engine's figure at full context
+    cpu: CpuPlan | None = None  # where troupe placed its child (cores, threads)
+    cpu_request: CpuRequest | None = None  # or what its own flags say
 
     @property
     def last_eviction(self) -> str | None:

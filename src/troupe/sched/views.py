@@ -115,6 +115,8 @@ def model_views(
             memory_reserved=ledger.need(name) if ledger else None,
             memory_source=_memory_source(m, memory, projections),
             memory_high=_projection_high(m, projections),
+            cpu=m.cpu if m.is_running else None,
+            cpu_request=m.config.cpu,
         )
         for name, m in sorted(table.models.items())
     }

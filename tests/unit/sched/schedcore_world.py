@@ -95,6 +95,7 @@ class World:
         self.queue_seen: dict[str, tuple[int, int]] = {}
         self.direct_victims: dict[int, tuple[str, int]] = {}  # load rid -> victim, its gen
         self.oom_retry: set[str] = set()  # models to be spawned again after an OOM death
+        self.replanning: set[str] = set()  # stopped to be spawned again on a narrower lane
         self.last_used: dict[str, float] = {}  # set at spawn and by each POST it serves
         self.reloading = False
         self.restart: set[str] = set()  # models the reload under way stops
@@ -201,6 +202,11 @@ class World:
         self.check_troupe_events()
         self.check_stops([e for e in effects if isinstance(e, Stop)])
         self.check_nothing_left_undone()
+        self.check_lanes()
+        for name in list(self.replanning):  # a second start called off (unload, shutdown)
+            if self.core.table.models[name].phase is not Phase.REPLANNING:
+                if name not in self.children:
+                    self.replanning.discard(name)
         return effects
 
     def on_reloaded(self, e: Reloaded) -> None:
@@ -227,6 +233,9 @@ class World:
                 continue
             if e.model in self.oom_retry:
                 self.oom_retry.discard(e.model)
+                continue
+            if e.model in self.replanning:
+                self.replanning.discard(e.model)
                 continue
             assert entries, f"{e} with nobody queued"
             idx = next((i for i, x in enumerate(entries) if x.model == e.model), None)
@@ -380,6 +389,13 @@ class World:
                 f"{by_tick} leave {free} slots free for {lacking}; queue={entries}"
             )
         for s in issued:
+            if s.cause.reason is StopReason.REPLAN:
+                # Narrowed for a model that waits for its lane: never while it serves.
+                busy = [r for r, lease in self.leases.items() if lease == (s.model, s.gen)]
+                assert not busy, f"{s} while requests {busy} are in flight"
+                assert core.cpu is not None, s
+                assert self.wanted(s.cause.for_model or ""), f"{s} but nobody waits for it"
+                continue
             if s.cause.reason is StopReason.DRAIN:
                 # Fair admission: a busy model drained for a starving one, stopped only
                 # once its last request ended, never a pinned one.
@@ -436,7 +452,8 @@ class World:
             held = m.held_until is not None and self.now < m.held_until
             retry = m.phase is Phase.RETRYING
             if m.status is Status.UNLOADED and not m.spawn_pending and not held and not retry:
-                raise AssertionError(f"{first} is next in line and could load now but waits")
+                # It may wait for its CPU lane only while a wider child is being narrowed.
+                assert self.replan_under_way(), f"{first} is next in line, could load, waits"
         need = evictions_needed(core.table.models, core.queue, core.models_max)
         if need > 0:
             victim = pick_victim(core.table.models, core.queue, now=core.clock.demand_now(self.now))
@@ -444,6 +461,8 @@ class World:
         for rid, d in core.requests.direct.items():
             if core.changes.reloading:
                 continue  # upstream's load() waits for the reload to finish, too
+            if d.victim is None and self.replan_under_way():
+                continue  # it waits for its CPU lane: a wider child is being narrowed
             assert d.victim is not None, f"load {rid} parked with no victim and no reload"
             child = self.children.get(d.victim)
             gen = child.gen if child is not None else None
@@ -451,6 +470,31 @@ class World:
             assert (victim, gen) == (d.victim, seen_gen), (
                 f"load {rid} still waits for {d.victim}, whose child {seen_gen} is gone"
             )
+
+    def replan_under_way(self) -> bool:
+        assert self.core is not None
+        for m in self.core.table:
+            if m.phase is Phase.REPLANNING:
+                return True
+            if m.phase is Phase.DRAINING and m.drain_reason is StopReason.REPLAN:
+                return True
+            if m.stopping and m.last_stop is not None and m.last_stop.reason is StopReason.REPLAN:
+                return True
+        return False
+
+    def check_lanes(self) -> None:
+        """Children troupe placed never share a core, unless their lanes say so."""
+        assert self.core is not None
+        lanes = [
+            (m.name, m.cpu)
+            for m in self.core.table
+            if m.is_running and not m.stopping and m.cpu is not None
+        ]
+        for i, (a, pa) in enumerate(lanes):
+            for b, pb in lanes[i + 1 :]:
+                assert pa is not None and pb is not None
+                if not (pa.shared or pb.shared):
+                    assert set(pa.cores).isdisjoint(pb.cores), (a, pa, b, pb)
 
     # ----- the instance actors' part -------------------------------------------------------
 
@@ -478,6 +522,8 @@ class World:
         assert self.core is not None
         del self.children[model]
         expected = child.stop is not None
+        if child.stop is not None and child.stop.cause.reason is StopReason.REPLAN:
+            self.replanning.add(model)  # it comes back at once, narrower (maybe this step)
         now = self.tick()
         self.step(self.core.exited(model, child.gen, code, now, expected=expected, oom=oom))
         if any(s.cause == StopCause(StopReason.MEMORY, model) for s in self.of_type(Stop)):
@@ -486,6 +532,8 @@ class World:
             assert not expected, self.out
             assert child.status is Status.LOADING, self.out
             self.oom_retry.add(model)
+        elif model in self.replanning:
+            pass
         elif not expected:
             self.crashes[model].append(now)
         emitted = self.upstream_events(model, ("status_change",))

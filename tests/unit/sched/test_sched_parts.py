@@ -39,7 +39,7 @@ def test_every_phase_with_a_child_can_end_and_every_phase_can_come_back_to_rest(
     for phase in Phase:
         if phase.is_running:
             assert {Phase.UNLOADED, Phase.FAILED, Phase.HELD} <= TRANSITIONS[phase], phase
-    for phase in (Phase.FAILED, Phase.HELD, Phase.RETRYING):
+    for phase in (Phase.FAILED, Phase.HELD, Phase.RETRYING, Phase.REPLANNING):
         assert TRANSITIONS[phase] & {Phase.UNLOADED, Phase.FAILED}, phase
 
 
@@ -69,7 +69,8 @@ def test_the_status_readers_see_is_derived_and_a_stopping_child_shows_what_it_wa
     assert [p for p in Phase if p.serves] == [Phase.LOADED, Phase.SLEEPING]
     assert [p for p in Phase if p.is_stopping] == [Phase.ABORTING, Phase.STOPPING]
     running = {p for p in Phase if p.is_running}
-    assert running == set(Phase) - {Phase.UNLOADED, Phase.FAILED, Phase.HELD, Phase.RETRYING}
+    resting = {Phase.UNLOADED, Phase.FAILED, Phase.HELD, Phase.RETRYING, Phase.REPLANNING}
+    assert running == set(Phase) - resting
 
 
 def test_the_table_forgets_a_retiring_model_for_requests_and_never_repeats_a_generation() -> None:
@@ -257,7 +258,8 @@ def test_a_stop_cause_in_words_and_on_the_wire() -> None:
     assert StopCause(StopReason.LRU, "b").describe() == "lru for b"
     assert StopCause(StopReason.DRAIN, "c").describe() == "drain for c"
     assert str(StopCause(StopReason.UNLOAD)) == "unload request"
-    assert {r for r in StopReason if r.is_eviction} == {"lru", "memory", "drain", "ttl"}
+    assert {r for r in StopReason if r.is_eviction} == {"lru", "memory", "drain", "ttl", "replan"}
+    assert StopCause(StopReason.REPLAN, "b").describe() == "replan for b"
     assert {r for r in StopReason if r.is_swap} == {"lru", "memory", "drain"}
     evicted = StopRequested("a", StopCause(StopReason.TTL)).to_json()
     assert evicted == {

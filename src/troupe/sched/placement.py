@@ -1,0 +1,90 @@
+"""CPU placement at admission: the lane a model's child gets, and re-planning a child
+that is wider than its lane may be now (see `troupe.sched.cpu` for the policy).
+
+A model that needs a lane held by a wider child waits, as for a slot: the wider child
+takes no new request, finishes the ones it has (the drain's mechanism), stops, and is
+started again at once on its narrower lane (`Phase.REPLANNING`). The model it made
+room for is reserved a lane meanwhile, so the child started again plans beside it.
+"""
+
+from __future__ import annotations
+
+from troupe.sched.children import Children
+from troupe.sched.cpu import CpuLedger, CpuPlan
+from troupe.sched.events import DrainStarted
+from troupe.sched.outbox import Outbox
+from troupe.sched.phase import Phase
+from troupe.sched.reasons import StopCause, StopReason
+from troupe.sched.table import ModelState, ModelTable
+
+__all__ = ["Placement"]
+
+
+class Placement:
+    def __init__(
+        self, ledger: CpuLedger | None, table: ModelTable, children: Children, outbox: Outbox
+    ) -> None:
+        self.ledger = ledger
+        self._table = table
+        self._children = children
+        self._out = outbox
+        self._planned: dict[str, CpuPlan] = {}  # admitted, not spawned yet
+        self._reserved: set[str] = set()  # waiting for a re-plan made for them
+
+    def admits(self, m: ModelState, now: float) -> bool:
+        """Is there a lane for ``m`` now? If a wider child holds it, re-plan that one and
+        answer False (the caller waits). Models placed by their own flags always are."""
+        ledger = self.ledger
+        if ledger is None or m.config.cpu is not None:
+            return True
+        plan, too_wide = ledger.plan(m.name, self._beside(m.name))
+        if plan is not None:
+            self._planned[m.name] = plan
+            return True
+        self._reserved.add(m.name)
+        for name in too_wide:
+            if self._replan(self._table.models[name], m.name, now):
+                break
+        return False
+
+    def take(self, name: str) -> CpuPlan | None:
+        """The lane `admits` found for ``name``, as its spawn starts."""
+        self._reserved.discard(name)
+        return self._planned.pop(name, None)
+
+    def keep_reserved(self, wanted: set[str]) -> None:
+        """Reservations last while their model still waits for a load."""
+        self._reserved &= wanted
+        for name in list(self._planned):
+            if name not in wanted:
+                del self._planned[name]
+
+    def _beside(self, model: str) -> list[str]:
+        """The children that will run beside ``model``: running ones, ones coming back
+        on a narrower lane, and the models those re-plans were made for."""
+        coming = {o.name for o in self._table if _will_run(o)}
+        return sorted((coming | self._reserved) - {model})
+
+    def _replan(self, o: ModelState, for_model: str, now: float) -> bool:
+        """Start narrowing ``o`` for ``for_model``; True when it is (or already was)."""
+        if o.phase is Phase.DRAINING or o.stopping:
+            return True  # under way already
+        if o.phase.serves and o.in_flight:
+            o.drain_for = for_model
+            o.drain_reason = StopReason.REPLAN
+            o.move(Phase.DRAINING)
+            self._out.emit(DrainStarted(o.name, for_model, o.in_flight))
+            return True
+        if o.is_running:
+            self._children.stop(o, StopCause(StopReason.REPLAN, for_model), now)
+            return True
+        return False
+
+
+def _will_run(o: ModelState) -> bool:
+    """Running and staying, or on its way back on a narrower lane (a re-plan)."""
+    if o.phase is Phase.REPLANNING:
+        return True
+    if o.stopping:
+        return o.last_stop is not None and o.last_stop.reason is StopReason.REPLAN
+    return o.is_running

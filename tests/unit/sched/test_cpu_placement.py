@@ -1,0 +1,114 @@
+"""CPU placement in the core: a child alone gets every core, children beside each other
+get disjoint lanes, a child wider than its lane is re-planned (drained, started again
+narrower), explicit CPU flags are left as given and counted."""
+
+from __future__ import annotations
+
+from schedcore_kit import Bench, grant_of, spawns, stops
+
+from troupe.sched import ModelConfig, Phase, Spawn, StopCause, StopReason
+from troupe.sched.cpu import CpuCore, CpuLedger, CpuRequest, CpuTopology, lane_widths
+
+
+def ledger(cores: int = 2) -> CpuLedger:
+    return CpuLedger(CpuTopology(tuple(CpuCore((i,)) for i in range(cores))))
+
+
+def bench(models: list[str | ModelConfig], cores: int = 2, models_max: int = 2) -> Bench:
+    return Bench(models, models_max=models_max, cpu=ledger(cores))
+
+
+def lane(spawn: Spawn) -> tuple[tuple[int, ...], int]:
+    assert spawn.cpu is not None, spawn
+    return spawn.cpu.cpus, spawn.cpu.threads
+
+
+def test_lanes_split_the_cores_evenly() -> None:
+    assert lane_widths(8, 3) == [3, 3, 2]
+    assert lane_widths(2, 5) == [1, 1]  # never more lanes than cores
+    assert lane_widths(4, 1) == [4]
+
+
+def test_a_model_alone_gets_every_core_even_with_others_in_the_catalogue() -> None:
+    b = bench(["a", "b", "c"], cores=4, models_max=3)
+    (spawn,) = spawns(b.acquire(b.rid(), "a"))
+    assert lane(spawn) == ((0, 1, 2, 3), 4)
+
+
+def test_a_second_model_waits_while_the_idle_wide_one_is_started_again_narrower() -> None:
+    b = bench(["a", "b"])
+    b.bring_up("a")
+    wb = b.rid()
+    out = b.acquire(wb, "b")
+    assert spawns(out) == []  # b's lane is a's: a goes first
+    (stop,) = stops(out)
+    assert stop.cause == StopCause(StopReason.REPLAN, "b")
+    out = b.finish_stop(stop)
+    started = {s.model: lane(s) for s in spawns(out)}
+    assert started == {"b": ((0,), 1), "a": ((1,), 1)}  # disjoint, b planned first
+    b.spawned("b")
+    grant_of(b.ready("b"), wb)
+    b.spawned("a")
+    b.ready("a")
+    assert b.view("a").cpu is not None
+    assert set(b.view("a").cpu.cpus).isdisjoint(b.view("b").cpu.cpus)
+
+
+def test_a_busy_wide_model_finishes_its_requests_before_it_is_narrowed() -> None:
+    b = bench(["a", "b"])
+    b.bring_up("a")
+    busy = b.lease("a")
+    wb, wa = b.rid(), b.rid()
+    out = b.acquire(wb, "b")
+    assert stops(out) == []
+    assert b.view("a").phase is Phase.DRAINING
+    assert b.acquire(wa, "a") == []  # a takes no new request meanwhile: it waits
+    (stop,) = stops(b.release(busy))
+    assert stop.cause == StopCause(StopReason.REPLAN, "b")
+    out = b.finish_stop(stop)
+    assert {s.model: lane(s) for s in spawns(out)} == {"b": ((0,), 1), "a": ((1,), 1)}
+    b.spawned("a")
+    grant_of(b.ready("a"), wa)  # a's own waiter is served by its narrower child
+
+
+def test_a_drain_for_a_lane_is_called_off_when_the_model_that_needed_it_leaves() -> None:
+    b = bench(["a", "b"])
+    b.bring_up("a")
+    busy = b.lease("a")
+    wb = b.rid()
+    b.acquire(wb, "b")
+    assert b.view("a").phase is Phase.DRAINING
+    b.release(wb)  # b's client gave up
+    assert b.view("a").phase is Phase.LOADED
+    assert stops(b.release(busy)) == []
+
+
+def test_more_models_than_cores_share_one_core_lanes_with_one_thread() -> None:
+    b = bench(["a", "b", "c"], cores=2, models_max=3)
+    b.bring_up("a")
+    out = b.finish_stop(stops(b.acquire(b.rid(), "b"))[0])  # a is narrowed for b
+    for s in spawns(out):
+        b.spawned(s.model)
+        b.ready(s.model)
+    (spawn,) = spawns(b.acquire(b.rid(), "c"))
+    assert spawn.cpu is not None
+    assert (spawn.cpu.threads, spawn.cpu.shared) == (1, True)
+
+
+def test_explicit_cpu_flags_are_left_as_given_and_counted() -> None:
+    fixed = ModelConfig("a", cpu=CpuRequest(threads=1))
+    b = bench([fixed, "b"])
+    (spawn,) = spawns(b.acquire(b.rid(), "a"))
+    assert spawn.cpu is None  # its flags stand
+    b.spawned("a")
+    b.ready("a")
+    (other,) = spawns(b.acquire(b.rid(), "b"))
+    assert lane(other)[1] == 1  # the core a's one thread takes is not given away
+
+
+def test_without_a_ledger_nothing_is_placed() -> None:
+    b = Bench(["a", "b"], models_max=2)
+    b.bring_up("a")
+    (spawn,) = spawns(b.acquire(b.rid(), "b"))
+    assert spawn.cpu is None
+    assert stops(b.acquire(b.rid(), "b")) == []
