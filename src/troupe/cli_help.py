@@ -93,6 +93,11 @@ troupe's own:
                             demand takes no new request and is swapped out once idle;
                             evictions go by demand too (default: 1; off: never, and
                             least recently used, as llama.cpp's router)
+  --cpu-placement auto|off  auto: each child gets threads and cores of its own, all
+                            cores when it runs alone, disjoint lanes beside others (a
+                            wider child is started again narrower); a child's own
+                            --threads/--cpu-range/--cpu-mask are kept (default: auto;
+                            off: the engine's defaults, as llama.cpp's router)
   --models-memory-margin MIB
                             keep this much free on every device (default: 1024; off)
   --max-body-mib N, --ws-max-message-mib N

@@ -23,12 +23,14 @@ from troupe.catalog.hfcache import cache_dir
 from troupe.catalog.memory import model_need
 from troupe.catalog.prepared import PreparedCatalog
 from troupe.catalog.removal import remove_cached
+from troupe.child.cpu_flags import cpu_flags, cpu_request
 from troupe.child.ports import free_port
 from troupe.engine import Engine
 from troupe.errors import ConfigError
 from troupe.gguf import ModelFacts
 from troupe.ops.logs import ModelLogs
 from troupe.sched import ModelConfig
+from troupe.sched.cpu import CpuPlan
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
 
@@ -121,6 +123,7 @@ class ChildLauncher:
                     ttl=float(e.ttl) if e.ttl else None,  # ttl = 0: never
                     fingerprint=fp,
                     need=need,
+                    cpu=cpu_request(e.preset.get_spelling),
                 )
             )
         return configs
@@ -136,7 +139,8 @@ class ChildLauncher:
 
     # ----- children ------------------------------------------------------------------------
 
-    def launch_spec(self, model: str) -> LaunchSpec:
+    def launch_spec(self, model: str, cpu: CpuPlan | None = None) -> LaunchSpec:
+        """How to start ``model``'s child (on lane ``cpu`` when troupe places it)."""
         entry = self.catalog.get(model)
         if entry is None:
             raise ConfigError(f"model {model} is not in the catalogue")
@@ -146,6 +150,8 @@ class ChildLauncher:
 
         def argv(port: int) -> list[str]:
             args = self.render_args(entry, port)
+            if cpu is not None:
+                args += cpu_flags(cpu, lambda flag: entry.preset.get_spelling(flag) is not None)
             self._last_args[model] = args
             return args
 
@@ -158,13 +164,19 @@ class ChildLauncher:
             cwd=self.catalog.cwd,
             load_timeout=self.settings.load_timeout,
             log_sink=self.logs.writer(model),
+            cpus=cpu.cpus if cpu is not None else None,
         )
 
     def measure_command(self, model: str) -> tuple[list[str], dict[str, str]]:
         entry = self.catalog.get(model)
         if entry is None:
             raise ConfigError(f"model {model} is not in the catalogue")
-        return self.render_args(entry, free_port()), dict(self.environ)
+        args = self.render_args(entry, free_port())
+        if cpu_request(entry.preset.get_spelling) is None:
+            # A projection computes nothing worth a second thread (it stops before the
+            # weights load): one thread, so it never competes with a child that serves.
+            args += ["--threads", "1", "--threads-batch", "1"]
+        return args, dict(self.environ)
 
     def render_args(self, entry: ModelEntry, port: int) -> list[str]:
         return self.catalog.child_args(

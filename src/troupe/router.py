@@ -27,12 +27,14 @@ from troupe.conversations import ConversationTracker
 from troupe.download.router import RouterDownloads
 from troupe.engine import Engine
 from troupe.errors import ConfigError
+from troupe.hardware.cpus import read_topology
 from troupe.hardware.devices import DeviceList, DeviceReader
 from troupe.launcher import ChildLauncher
 from troupe.ops.logs import ModelLogs
 from troupe.ops.metrics import RouterMetrics
 from troupe.proxy.relay import Relay
 from troupe.sched import SchedulerCore
+from troupe.sched.cpu import CpuLedger
 from troupe.sched.memory import MemoryLedger
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
@@ -101,6 +103,15 @@ class Router:
         self.reader.close()
 
 
+def cpu_ledger(settings: RouterSettings) -> CpuLedger | None:
+    """The CPU ledger children are placed by (None: --cpu-placement off, or no CPU set
+    could be read)."""
+    if settings.cpu_placement == "off":
+        return None
+    topology = read_topology()
+    return CpuLedger(topology) if topology is not None else None
+
+
 def build_router(
     settings: RouterSettings,
     engine: Engine,
@@ -150,6 +161,7 @@ def build_router(
         memory=MemoryLedger(margin) if margin is not None else None,
         drain_after=settings.drain_after,
         measure=True,  # the engine's own projection, for every model it can read
+        cpu=cpu_ledger(settings),
     )
     metrics = RouterMetrics(settings.api_prefix)
     # One transport for every byte sent to a child; the scheduler tells it when a

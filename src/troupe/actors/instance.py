@@ -20,7 +20,7 @@ from troupe.child.http_threads import http_threads
 from troupe.child.ledger import PidLedger
 from troupe.child.logring import LogRing
 from troupe.child.ports import free_port
-from troupe.child.process import kill_group, spawn_child, stop_child
+from troupe.child.process import kill_group, pin_process, spawn_child, stop_child
 from troupe.child.protocol import iter_lines, parse_state_line
 from troupe.messages import ChildState, Exited, Message, Spawned
 from troupe.modellog import about
@@ -49,6 +49,7 @@ class LaunchSpec:
     # a child stopped or hung while loading must not hold its slot and waiters forever.
     load_timeout: float | None = None
     log_sink: Callable[[str], None] | None = None  # each stderr line (the model's log store)
+    cpus: tuple[int, ...] | None = None  # its CPU lane: the process's affinity from the start
 
 
 def _describe_exit(returncode: int) -> str:
@@ -140,6 +141,8 @@ class Instance:
             self._log.error("failed to spawn server instance: %s", exc)
             return 1, f"failed to spawn server instance: {exc.strerror or exc}"
         self.pid = proc.pid
+        if self.spec.cpus is not None:
+            pin_process(proc.pid, self.spec.cpus)
         if self._ledger is not None:
             self._ledger.add(proc.pid, self.model)
         self._log.info("spawned (pid %d) on port %d: %s", proc.pid, port, " ".join(argv))

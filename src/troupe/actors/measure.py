@@ -16,6 +16,7 @@ hangs, it crashes, a bug here) ends in exactly one `Measured` or `MeasureFailed`
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from contextlib import aclosing
@@ -24,7 +25,7 @@ import attrs
 import trio
 
 from troupe.child.breakdown import BreakdownRow, need_of_rows, parse_breakdown_line
-from troupe.child.process import kill_group
+from troupe.child.process import background, kill_group, pin_process
 from troupe.child.protocol import iter_lines
 from troupe.messages import Measured, MeasureFailed, Message
 from troupe.modellog import about
@@ -134,6 +135,9 @@ class MeasureJob:
             )
         except OSError as exc:
             return MeasureFailed(self.model, self.fingerprint, f"cannot start: {exc}")
+        # Background work never competes with serving: idle priority, on one core.
+        background(proc.pid)
+        pin_process(proc.pid, [max(os.sched_getaffinity(0))])
         try:
             assert proc.stderr is not None
             with trio.move_on_after(self._timeout) as deadline:

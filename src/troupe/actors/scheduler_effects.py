@@ -35,6 +35,7 @@ from troupe.sched import (
     Spawn,
     Stop,
 )
+from troupe.sched.cpu import CpuPlan
 from troupe.sched.effects import CancelMeasure, DeleteFiles, Measure, Reloaded
 from troupe.sched.events import MemoryWarning, SchedulerEvent
 
@@ -54,7 +55,7 @@ class ChildTransport(Protocol):
 
 
 class Spawner(Protocol):
-    def launch_spec(self, model: str) -> LaunchSpec: ...
+    def launch_spec(self, model: str, cpu: CpuPlan | None = None) -> LaunchSpec: ...
 
 
 class EffectExecutor:
@@ -139,7 +140,7 @@ class EffectExecutor:
     def _spawn(self, effect: Spawn, now: float) -> list[Effect]:
         assert self.nursery is not None
         try:
-            spec = self._spawner.launch_spec(effect.model)
+            spec = self._spawner.launch_spec(effect.model, effect.cpu)
         except Exception as exc:  # a model that cannot be rendered fails alone
             about(log, effect.model).exception("cannot prepare its child")
             return self._core.exited(

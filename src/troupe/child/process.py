@@ -29,7 +29,7 @@ import trio
 
 from troupe.child.protocol import EXIT_COMMAND
 
-__all__ = ["kill_group", "spawn_child", "stop_child"]
+__all__ = ["background", "kill_group", "pin_process", "spawn_child", "stop_child"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,21 @@ async def spawn_child(
         cwd=cwd,
         start_new_session=True,
     )
+
+
+def pin_process(pid: int, cpus: Sequence[int]) -> None:
+    """Keep ``pid`` on ``cpus`` (its threads started later inherit it; the engine's own
+    pool is pinned by its flags). A process already gone, or a CPU set the kernel
+    refuses, leaves it where it is."""
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(pid, cpus)
+
+
+def background(pid: int) -> None:
+    """Run ``pid`` at idle priority: it gets a CPU only when nothing else wants one
+    (SCHED_IDLE; any user may lower a process of its own this way)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:

@@ -8,6 +8,7 @@ import trio
 
 from troupe.catalog import ModelEntry
 from troupe.catalog.facts import facts_json
+from troupe.hardware.cpus import format_cpus
 from troupe.hardware.feasibility import feasibility
 from troupe.router import Router
 from troupe.sched import ModelView, Snapshot, Status
@@ -60,7 +61,26 @@ def _extras(view: ModelView | None, now: float) -> dict[str, Any]:
         "held_back_seconds": held,
         "pin": view.pin,
         "ttl": view.ttl,
+        "phase": view.phase.value,
+        "cpu": _cpu(view),
     }
+
+
+def _cpu(view: ModelView) -> dict[str, Any] | None:
+    """Where its child runs: the lane troupe gave it, or what its own flags say."""
+    if view.cpu is not None:
+        plan = view.cpu
+        return {
+            "placed_by": "troupe",
+            "cpus": format_cpus(plan.cpus),
+            "threads": plan.threads,
+            "shared": plan.shared,
+        }
+    request = view.cpu_request
+    if request is not None:
+        cpus = format_cpus(request.cpus) if request.cpus is not None else None
+        return {"placed_by": "flags", "cpus": cpus, "threads": request.threads}
+    return None
 
 
 def _memory(ctx: Router, view: ModelView | None) -> dict[str, Any] | None:

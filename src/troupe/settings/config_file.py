@@ -70,6 +70,7 @@ class TroupeSection:
     load_timeout: float | str | None = None
     drain_timeout: float | None = None
     drain_after: float | str | None = None
+    cpu_placement: str | None = None
 
 
 @attrs.frozen
@@ -115,6 +116,7 @@ _TROUPE = {
     "load_timeout": "--load-timeout",
     "drain_timeout": "--drain-timeout",
     "drain_after": "--drain-after",
+    "cpu_placement": "--cpu-placement",
 }
 
 

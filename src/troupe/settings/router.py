@@ -82,6 +82,7 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--load-timeout", hint="SECONDS", env="TROUPE_LOAD_TIMEOUT"),
     _opt("--drain-timeout", hint="SECONDS", env="TROUPE_DRAIN_TIMEOUT"),
     _opt("--drain-after", hint="SECONDS", env="TROUPE_DRAIN_AFTER"),
+    _opt("--cpu-placement", hint="auto|off", env="TROUPE_CPU_PLACEMENT"),
 )
 
 
@@ -128,10 +129,23 @@ class RouterSettings:
     # A model that gets no slot because every loaded one is busy waits this long, then the
     # busy model with the least demand is drained for it; None ("off"): never, as upstream.
     drain_after: float | None = 1.0
+    # "auto": each child gets threads and a CPU set of its own (troupe.sched.cpu); "off":
+    # children take the engine's defaults, as llama.cpp's router.
+    cpu_placement: str = "auto"
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20
     # Every llama-server option from the command line, forwarded to children (spec §2.5).
     base_args: tuple[tuple[EngineOption, str], ...] = ()
+
+
+CPU_PLACEMENTS = ("auto", "off")
+
+
+def _choice(flag: str, value: str, choices: tuple[str, ...]) -> str:
+    v = value.strip().lower()
+    if v not in choices:
+        raise UsageError(f"invalid value for {flag}: '{value}' ({', '.join(choices)})")
+    return v
 
 
 def _parse_bool(name: str, value: str) -> bool:
@@ -360,6 +374,9 @@ def build_settings(
         load_timeout=_seconds_or_off("--load-timeout", own.text("--load-timeout", "300")),
         drain_timeout=_seconds("--drain-timeout", own.text("--drain-timeout", "30")),
         drain_after=_seconds_or_off("--drain-after", own.text("--drain-after", "1")),
+        cpu_placement=_choice(
+            "--cpu-placement", own.text("--cpu-placement", "auto"), CPU_PLACEMENTS
+        ),
         memory_margin_bytes=_margin(own.text("--models-memory-margin", "1024")),
         base_args=tuple({**(config or {}), **cli}.items()),
     )

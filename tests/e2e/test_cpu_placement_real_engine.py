@@ -1,0 +1,135 @@
+"""CPU placement with the real engine, read where the kernel keeps it: each child's
+``Cpus_allowed_list`` for every one of its threads (``/proc/PID/task/*/status``) and
+the thread count it was started with (its command line)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from troupe.hardware.cpus import parse_cpu_list
+from troupe.sched import Status
+from troupe_rig.router import RunningRouter, open_router
+
+pytestmark = pytest.mark.engine
+
+ALLOWED = sorted(os.sched_getaffinity(0))
+
+
+def task_cpus(pid: int) -> list[set[int]]:
+    """The CPU set of each thread of ``pid``."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                out.append(set(parse_cpu_list(line.split(":", 1)[1])))
+    return out
+
+
+def argv_of(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def child_pid(router: RunningRouter, model: str) -> int:
+    pid = router.snapshot.models[model].pid
+    assert pid, model
+    return pid
+
+
+async def complete(router: RunningRouter, model: str) -> None:
+    async with router.client() as http:
+        body = {"model": model, "prompt": "hello", "n_predict": 4}
+        resp = await http.post("/completion", json=body)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["content"] is not None
+
+
+def args(tiny_model_dir: Path, *extra: str) -> list[str]:
+    return ["--models-dir", str(tiny_model_dir), "-c", "256", "--models-max", "2", *extra]
+
+
+async def test_a_model_alone_runs_on_every_core_though_others_are_in_the_catalogue(
+    engine_path: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    async with open_router(
+        args(tiny_model_dir), engine=engine_path, state_dir=tmp_path / "s", cwd=tmp_path
+    ) as router:
+        await complete(router, "tiny-a")
+        pid = child_pid(router, "tiny-a")
+        assert flag(argv_of(pid), "--threads") == str(len(ALLOWED))
+        cpus = task_cpus(pid)  # with --cpu-strict, each compute thread has one CPU
+        assert set().union(*cpus) == set(ALLOWED)
+        assert all(c <= set(ALLOWED) for c in cpus)
+        async with router.client() as http:
+            cpu = {m["id"]: m for m in (await http.get("/models")).json()["data"]}["tiny-a"]
+        assert cpu["troupe"]["cpu"]["threads"] == len(ALLOWED)
+
+
+@pytest.mark.skipif(len(ALLOWED) < 2, reason="one CPU: every lane is shared")
+async def test_children_beside_each_other_never_share_a_core_and_both_still_serve(
+    engine_path: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    async with open_router(
+        args(tiny_model_dir), engine=engine_path, state_dir=tmp_path / "s", cwd=tmp_path
+    ) as router:
+        await complete(router, "tiny-a")
+        first = router.snapshot.models["tiny-a"].pid
+        await complete(router, "tiny-b")  # tiny-a, all cores, is started again narrower
+        with trio.fail_after(60):
+            snap = await router.ctx.scheduler.wait_until(
+                lambda s: s.models["tiny-a"].status is Status.LOADED and s.models["tiny-a"].pid
+            )
+        assert snap.models["tiny-a"].pid != first
+        lanes = {}
+        for model in ("tiny-a", "tiny-b"):
+            pid = child_pid(router, model)
+            cpus = task_cpus(pid)
+            lanes[model] = set().union(*cpus)
+            assert flag(argv_of(pid), "--threads") == str(len(lanes[model]))
+            assert flag(argv_of(pid), "--cpu-strict") == "1"
+        assert lanes["tiny-a"].isdisjoint(lanes["tiny-b"]), lanes
+        assert lanes["tiny-a"] | lanes["tiny-b"] <= set(ALLOWED)
+        async with trio.open_nursery() as nursery:  # both serve, at the same time
+            for model in ("tiny-a", "tiny-b"):
+                nursery.start_soon(complete, router, model)
+
+
+async def test_a_childs_own_threads_flag_is_kept_and_nothing_is_added(
+    engine_path: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    async with open_router(
+        args(tiny_model_dir, "--threads", "1"),
+        engine=engine_path,
+        state_dir=tmp_path / "s",
+        cwd=tmp_path,
+    ) as router:
+        await complete(router, "tiny-a")
+        await complete(router, "tiny-b")
+        for model in ("tiny-a", "tiny-b"):
+            argv = argv_of(child_pid(router, model))
+            assert argv.count("--threads") == 1
+            assert flag(argv, "--threads") == "1"
+            assert "--cpu-range" not in argv
+            assert "--cpu-mask" not in argv
+
+
+async def test_placement_off_leaves_the_engine_its_defaults(
+    engine_path: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    async with open_router(
+        args(tiny_model_dir, "--cpu-placement", "off"),
+        engine=engine_path,
+        state_dir=tmp_path / "s",
+        cwd=tmp_path,
+    ) as router:
+        await complete(router, "tiny-a")
+        argv = argv_of(child_pid(router, "tiny-a"))
+        for name in ("--threads", "--threads-batch", "--cpu-range", "--cpu-strict", "--poll"):
+            assert name not in argv
