@@ -296,13 +296,15 @@ class Settler:
             self._out.reply(rid, None)
         elif not self.has_capacity():
             self._out.reply(rid, Failure.server_error("model limit reached, try again later"))
-        elif self.gate.memory_admits(m, now) and self.placement.admits(m, now):
+        elif not self.gate.memory_admits(m, now):
+            self._requests.direct[rid] = DirectLoad(d.model, d.victim, d.victim_gen)  # freeing
+        elif not self.placement.admits(m, now):
+            self._requests.direct[rid] = DirectLoad(d.model, None)  # a lane is being freed
+        else:
             self._children.spawn(m, now, delay=0.0, cpu=self.placement.take(m.name))
             # Answered at once, before the child has started: a spawn that fails shows as
             # loading -> unloaded (exit code 1) where upstream would answer 500.
             self._out.reply(rid, None)
-        else:
-            self._requests.direct[rid] = DirectLoad(d.model, d.victim, d.victim_gen)  # freeing
 
     def _tick(self, now: float) -> None:
         """Evict idle models while queued requests outnumber free slots (upstream ``tick``);
