@@ -188,7 +188,7 @@ class SchedulerCore:
         else:
             if update_last_used:
                 record_demand(m, now)
-            w = Waiter(model, update_last_used)
+            w = Waiter(model, update_last_used, since=now)
             self.requests.waiters[rid] = w
             if m.status is Status.UNLOADED:
                 # The queue entry protects the model from eviction until its waiters leave.

@@ -69,7 +69,9 @@ class Placement:
         """Start narrowing ``o`` for ``for_model``; True when it is (or already was)."""
         if o.phase is Phase.DRAINING or o.stopping:
             return True  # under way already
-        if o.phase.serves and o.in_flight:
+        if o.in_flight:
+            if not o.phase.serves:
+                return False  # a request proxied to it while it loads: wait for it to end
             o.drain_for = for_model
             o.drain_reason = StopReason.REPLAN
             o.move(Phase.DRAINING)

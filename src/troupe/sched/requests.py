@@ -16,6 +16,7 @@ class Waiter:
     queued: bool = False  # holds a share of the model's queue entry
     did_load: bool = False  # this waiter's claim spawned the model
     saw_loading: bool = False
+    since: float = 0.0  # when it arrived: a grant in that same event did not wait
 
 
 @attrs.define

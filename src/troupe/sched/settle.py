@@ -240,7 +240,7 @@ class Settler:
             del self._requests.waiters[rid]
             if w.queued:
                 self._queue.leave(name)
-            self.grant(rid, m, w.update_last_used, now, waited=True)
+            self.grant(rid, m, w.update_last_used, now, waited=now > w.since)
             return
         if status is Status.LOADING:
             w.saw_loading = True
@@ -352,7 +352,13 @@ class Settler:
             target = m.drain_for
             assert target is not None
             wanted = self._table.get(target)
-            if self._queue.find(target) is None or wanted is None or wanted.is_running:
+            waits = self._queue.find(target) is not None
+            if m.drain_reason is StopReason.REPLAN and wanted is not None:
+                # A lane is also wanted by a parked POST /models/load, and by a model
+                # coming back from its own re-plan.
+                waits = waits or target in self._requests.wanted()
+                waits = waits or wanted.phase is Phase.REPLANNING
+            if not waits or wanted is None or wanted.is_running:
                 m.drain_for = None
                 m.drain_reason = StopReason.DRAIN
                 m.move(Phase.reporting(m.reported))

@@ -480,6 +480,8 @@ class World:
                 return True
             if m.stopping and m.last_stop is not None and m.last_stop.reason is StopReason.REPLAN:
                 return True
+            if self.core.cpu is not None and m.status is Status.LOADING and m.in_flight:
+                return True  # a wider child still loading, a request on it: narrowed after
         return False
 
     def check_lanes(self) -> None:
