@@ -204,9 +204,9 @@ class World:
         self.check_nothing_left_undone()
         self.check_lanes()
         for name in list(self.replanning):  # a second start called off (unload, shutdown)
-            if self.core.table.models[name].phase is not Phase.REPLANNING:
-                if name not in self.children:
-                    self.replanning.discard(name)
+            back = self.core.table.models[name].phase is Phase.REPLANNING
+            if not back and name not in self.children:
+                self.replanning.discard(name)
         return effects
 
     def on_reloaded(self, e: Reloaded) -> None:
@@ -494,7 +494,8 @@ class World:
         ]
         for i, (a, pa) in enumerate(lanes):
             for b, pb in lanes[i + 1 :]:
-                assert pa is not None and pb is not None
+                assert pa is not None
+                assert pb is not None
                 if not (pa.shared or pb.shared):
                     assert set(pa.cores).isdisjoint(pb.cores), (a, pa, b, pb)
 
