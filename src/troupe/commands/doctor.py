@@ -29,8 +29,10 @@ from troupe.hardware import (
     format_bytes,
     read_devices,
 )
+from troupe.hardware.cpus import format_cpus, read_topology
 from troupe.hardware.engines import priority
 from troupe.prepare import engine_args, inspect_builds, prepare_router
+from troupe.sched.cpu import CpuTopology, lane_widths
 
 __all__ = ["DOCTOR_HELP", "run_doctor"]
 
@@ -81,6 +83,26 @@ def _host_lines(devices: DeviceList, host: HostFacts) -> list[str]:
             f"  driver   NVIDIA {report.driver_version or '?'}, "
             f"CUDA {f'{cuda[0]}.{cuda[1]}' if cuda else '?'}"
         )
+    return lines
+
+
+def cpu_lines(topology: CpuTopology | None) -> list[str]:
+    """The cores children are placed on (--cpu-placement auto) and the plan: what a
+    child gets alone, and beside others."""
+    if topology is None:
+        return ["  cores    unknown: CPU placement is off"]
+    nodes = sorted({c.node for c in topology.cores})
+    smt = sum(1 for c in topology.cores if len(c.cpus) > 1)
+    allowed = format_cpus(cpu for c in topology.cores for cpu in c.cpus)
+    lines = [
+        f"  cores    {topology.size} physical (CPUs {allowed}; {smt} with SMT siblings; "
+        f"NUMA node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))})"
+    ]
+    n = topology.size
+    plan = [f"a child alone: all {n} cores"]
+    plan += [f"{k} at once: {lane_widths(n, k)[-1]} each" for k in range(2, min(n, 4) + 1)]
+    plan.append(f"over {n} at once: one-core lanes, shared, one thread each")
+    lines.append(f"  plan     {'; '.join(plan)}")
     return lines
 
 
@@ -195,7 +217,7 @@ def run_doctor(args: list[str]) -> int:
     engines, rest = engine_args(args)
     devices = read_devices()
     host = HostFacts.detect(devices.gpu_report)
-    lines = ["troupe doctor", "", *_host_lines(devices, host)]
+    lines = ["troupe doctor", "", *_host_lines(devices, host), *cpu_lines(read_topology())]
     try:
         builds, versions = inspect_builds(engines)
     except EngineNotFound as exc:

@@ -1,0 +1,49 @@
+"""A lane as engine flags, and what a command line already says about its CPUs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from troupe.child.cpu_flags import cpu_flags, cpu_request, parse_cpu_mask, parse_cpu_range
+from troupe.child.process import background, pin_process
+from troupe.sched.cpu import CpuPlan, CpuRequest
+
+
+def test_a_lane_of_consecutive_cpus_is_a_range_and_a_scattered_one_a_mask() -> None:
+    plan = CpuPlan(cores=(2, 3), cpus=(2, 3), threads=2)
+    assert cpu_flags(plan, lambda _: False) == [
+        "--threads", "2", "--threads-batch", "2", "--cpu-range", "2-3", "--cpu-strict", "1",
+    ]  # fmt: skip
+    scattered = CpuPlan(cores=(0, 2), cpus=(0, 5), threads=2)
+    assert "--cpu-mask" in cpu_flags(scattered, lambda _: False)
+    assert parse_cpu_mask(cpu_flags(scattered, lambda _: False)[5]) == (0, 5)
+
+
+def test_a_shared_lane_does_not_poll_and_the_users_own_poll_is_kept() -> None:
+    plan = CpuPlan(cores=(0,), cpus=(0,), threads=1, shared=True)
+    assert cpu_flags(plan, lambda _: False)[-2:] == ["--poll", "0"]
+    assert "--poll" not in cpu_flags(plan, lambda flag: flag == "--poll")
+
+
+def test_the_command_lines_own_placement_is_read() -> None:
+    flags = {"--threads": "3", "--cpu-range": "4-6"}
+    assert cpu_request(flags.get) == CpuRequest(threads=3, cpus=(4, 5, 6))
+    assert cpu_request({"--cpu-mask": "0x5"}.get) == CpuRequest(cpus=(0, 2))
+    assert cpu_request({"--poll": "0"}.get) is None  # polling alone places nothing
+    assert cpu_request({"--threads": "x"}.get) == CpuRequest()  # the engine will say why
+    assert parse_cpu_range("3") == (3,)
+
+
+def test_background_work_runs_at_idle_priority_on_the_cores_it_is_given() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        background(proc.pid)
+        assert os.sched_getscheduler(proc.pid) == os.SCHED_IDLE
+        cpu = max(os.sched_getaffinity(0))
+        pin_process(proc.pid, [cpu])
+        assert os.sched_getaffinity(proc.pid) == {cpu}
+    finally:
+        proc.kill()
+        proc.wait()
