@@ -8,6 +8,7 @@ the loop with `trio.from_thread`.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -72,6 +73,10 @@ def drive(router: RunningRouter, chromium: Path, profile: Path, shot: Path) -> N
             assert trio.from_thread.run(request, "tiny-a") == 200
             expect(status).to_have_text("loaded")
             expect(page.locator(card(page, "tiny-a") + " .last-load")).to_contain_text(" s")
+            # Where its child runs: troupe's lane for it (alone: every core).
+            cores = len(os.sched_getaffinity(0))
+            threads = f"{cores} thread{'' if cores == 1 else 's'}"
+            expect(page.locator(card(page, "tiny-a") + " .cpu")).to_contain_text(threads)
             # The model's log tail shows what its child printed.
             child_lines = trio.from_thread.run_sync(
                 lambda: [ln.text for ln in router.ctx.logs.recent("tiny-a") if ln.source == "child"]

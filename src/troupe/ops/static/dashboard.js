@@ -172,6 +172,15 @@
     refreshSoon();
   }
 
+  // Where its child runs: "CPUs 0-3, 4 threads" (troupe's lane) or what its flags say.
+  function cpuText(cpu) {
+    if (!cpu) return "-";
+    const threads = cpu.threads == null ? "" : `, ${cpu.threads} thread${cpu.threads === 1 ? "" : "s"}`;
+    const where = cpu.cpus ? `CPUs ${cpu.cpus}` : "any CPUs";
+    const how = cpu.placed_by === "flags" ? " (its own flags)" : cpu.shared ? " (shared)" : "";
+    return where + threads + how;
+  }
+
   function renderModels(items) {
     const seen = new Set();
     for (const item of items) {
@@ -188,6 +197,7 @@
       const source = memory.source ? ` (${memory.source})` : "";
       c.field("memory-need").textContent = bytes(memory.need_bytes) + (memory.need_bytes ? source : "");
       c.field("memory-used").textContent = bytes(memory.used_bytes);
+      c.field("cpu").textContent = cpuText(extra.cpu);
       const load = extra.last_load_seconds;
       c.field("last-load").textContent = load == null ? "-" : load.toFixed(2) + " s";
       c.field("last-eviction").textContent = extra.last_eviction || "-";
