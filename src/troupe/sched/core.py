@@ -81,7 +81,7 @@ class SchedulerCore:
         # CPU placement (None: --cpu-placement off, children take the engine's defaults).
         self.cpu = cpu
         self.children = Children(self.table, self.outbox, self.clock, self.memory, cpu)
-        self.placement = Placement(cpu, self.table, self.children, self.outbox)
+        self.placement = Placement(cpu, self.table, self.children, self.outbox, self.queue)
         self.settler = Settler(
             self.limits,
             self.table,
@@ -399,6 +399,8 @@ class SchedulerCore:
             deadlines.append(drain)
         if self.memory is not None and (due := self.memory.deadline()) is not None:
             deadlines.append(due)
+        if (widen := self.placement.widen_deadline(self._now)) is not None:
+            deadlines.append(widen)
         return min(deadlines, default=None)
 
     def start(self, now: float) -> list[Effect]:
@@ -415,6 +417,7 @@ class SchedulerCore:
                 self.children.stop(m, StopCause(StopReason.TTL), now)
         if self.clock.due(now):
             self.settler.start_drain(now)
+        self.placement.widen(now)
         if self.memory is not None and self.memory.true_up_due(now):
             self.children.ask_memory()
         self._settle(now)

@@ -14,18 +14,28 @@ from troupe.sched.cpu import CpuLedger, CpuPlan
 from troupe.sched.events import DrainStarted
 from troupe.sched.outbox import Outbox
 from troupe.sched.phase import Phase
+from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.table import ModelState, ModelTable
 
 __all__ = ["Placement"]
 
 
+WIDEN_AFTER = 10.0  # seconds a narrow child idles alone before it is started again wider
+
+
 class Placement:
     def __init__(
-        self, ledger: CpuLedger | None, table: ModelTable, children: Children, outbox: Outbox
+        self,
+        ledger: CpuLedger | None,
+        table: ModelTable,
+        children: Children,
+        outbox: Outbox,
+        queue: AdmissionQueue,
     ) -> None:
         self.ledger = ledger
         self._table = table
+        self._queue = queue
         self._children = children
         self._out = outbox
         self._planned: dict[str, CpuPlan] = {}  # admitted, not spawned yet
@@ -58,6 +68,34 @@ class Placement:
         for name in list(self._planned):
             if name not in wanted:
                 del self._planned[name]
+
+    def _narrow(self, now: float) -> list[tuple[float, ModelState]]:
+        """Placed children narrower than they may be now, idle: (when to widen, model)."""
+        ledger = self.ledger
+        if ledger is None:
+            return []
+        out = []
+        for m in self._table:
+            plan = ledger.placed.get(m.name)
+            if plan is None or not m.phase.serves or m.in_flight:
+                continue
+            if self._queue.find(m.name) is not None:
+                continue
+            if len(plan.cores) < ledger.width_for(len(self._beside(m.name)) + 1):
+                out.append((m.idle_since + WIDEN_AFTER, m))
+        return out
+
+    def widen_deadline(self, now: float) -> float | None:
+        return min((t for t, _ in self._narrow(now)), default=None)
+
+    def widen(self, now: float) -> None:
+        """A child narrowed beside others that has idled alone (or with fewer) for
+        `WIDEN_AFTER` starts again on the wider lane it may have now, between requests:
+        one model at a time keeps the engine's full speed."""
+        for due, m in self._narrow(now):
+            if due <= now:
+                self._children.stop(m, StopCause(StopReason.REPLAN), now)
+                return  # one at a time: the next plans beside it
 
     def _beside(self, model: str) -> list[str]:
         """The children that will run beside ``model``: running ones, ones coming back

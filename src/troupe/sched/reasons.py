@@ -60,8 +60,10 @@ class StopCause:
 
     def describe(self) -> str:
         """In words, for logs and ``/models``: ``lru for b``, ``ttl``, ``unload request``."""
-        if self.reason in _FOR:
+        if self.reason in _FOR and self.for_model is not None:
             return f"{self.reason.value} for {self.for_model}"
+        if self.reason is StopReason.REPLAN:
+            return "replan (a wider lane)"
         return _WORDS[self.reason]
 
     def __str__(self) -> str:

@@ -35,6 +35,7 @@ from troupe.sched import (
 )
 from troupe.sched.effects import Reloaded
 from troupe.sched.lru import demand, evictions_needed, pick_victim
+from troupe.sched.placement import WIDEN_AFTER
 from troupe.sched.reasons import StopCause, StopReason
 
 __all__ = ["CRASH_LIMIT", "CRASH_WINDOW", "REPORTED", "Ask", "Child", "World"]
@@ -394,7 +395,12 @@ class World:
                 busy = [r for r, lease in self.leases.items() if lease == (s.model, s.gen)]
                 assert not busy, f"{s} while requests {busy} are in flight"
                 assert core.cpu is not None, s
-                assert self.wanted(s.cause.for_model or ""), f"{s} but nobody waits for it"
+                if s.cause.for_model is None:  # widened: idle, unwanted, long enough
+                    assert s.model not in queued, f"{s} while requests are queued for it"
+                    m = core.table.models[s.model]
+                    assert m.idle_since + WIDEN_AFTER <= self.now, (s, m.idle_since)
+                    continue
+                assert self.wanted(s.cause.for_model), f"{s} but nobody waits for it"
                 continue
             if s.cause.reason is StopReason.DRAIN:
                 # Fair admission: a busy model drained for a starving one, stopped only
@@ -554,5 +560,7 @@ class World:
         for s in self.of_type(Stop):
             if s.cause.reason is StopReason.LRU and self.core.drain_after is not None:
                 continue  # the drain timer ended a hold for a model still loading (lru.py)
+            if s.cause == StopCause(StopReason.REPLAN):
+                continue  # a narrow child widened after idling (check_stops checks it)
             assert s.cause == StopCause(StopReason.TTL), s
             assert self.configs[s.model].ttl is not None, s

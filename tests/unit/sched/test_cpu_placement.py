@@ -8,6 +8,7 @@ from schedcore_kit import Bench, grant_of, spawns, stops
 
 from troupe.sched import ModelConfig, Phase, Spawn, StopCause, StopReason
 from troupe.sched.cpu import CpuCore, CpuLedger, CpuRequest, CpuTopology, lane_widths
+from troupe.sched.placement import WIDEN_AFTER
 
 
 def ledger(cores: int = 2) -> CpuLedger:
@@ -112,3 +113,25 @@ def test_without_a_ledger_nothing_is_placed() -> None:
     (spawn,) = spawns(b.acquire(b.rid(), "b"))
     assert spawn.cpu is None
     assert stops(b.acquire(b.rid(), "b")) == []
+
+
+def test_a_narrowed_child_left_alone_and_idle_is_started_again_on_every_core() -> None:
+    b = bench(["a", "b"])
+    b.bring_up("a")
+    out = b.finish_stop(stops(b.acquire(b.rid(), "b"))[0])
+    for s in spawns(out):
+        b.spawned(s.model)
+        b.ready(s.model)
+    lease = next(iter(b.core.requests.leases))
+    b.release(lease)
+    (gone,) = stops(b.unload(b.rid(), "b"))
+    b.finish_stop(gone)
+    assert b.view("a").cpu.threads == 1  # alone now, but narrow
+    deadline = b.core.next_deadline()
+    assert deadline is not None
+    assert deadline >= b.now + WIDEN_AFTER - 3  # counted from when its last request ended
+    assert stops(b.on_time(deadline - 0.001)) == []
+    (stop,) = stops(b.on_time(deadline))
+    assert stop.cause == StopCause(StopReason.REPLAN)
+    (again,) = spawns(b.finish_stop(stop))
+    assert lane(again) == ((0, 1), 2)
