@@ -207,3 +207,33 @@ async def test_requests_that_give_up_waiting_leave_nothing_behind_in_the_schedul
         await scheduler.unload("a")  # a round trip: every release before it was handled
         assert len(scheduler._replies) == 0  # every abandoned wait's reply channel is gone
         assert router.snapshot.models["a"].in_flight == 0
+
+
+async def test_a_busy_model_never_holds_another_models_load_back(
+    fake_router: RouterFactory,
+) -> None:
+    """CPU placement: b starts at once, beside a busy a that had every core; a is started
+    again on a lane of its own only once its request ends."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: every lane is shared")
+    async with fake_router({"a": {}, "b": {}}) as router:
+        scheduler = router.ctx.scheduler
+        async with scheduler.lease("a") as busy:
+            first = router.snapshot.models["a"].pid
+            with trio.fail_after(30):  # would hang if b waited for a's request to end
+                async with scheduler.lease("b") as other:
+                    assert other.port == router.snapshot.models["b"].port
+            a = router.snapshot.models["a"]
+            assert (a.pid, a.port, a.draining_for) == (first, busy.port, "b")
+        with trio.fail_after(30):
+            snap = await scheduler.wait_until(
+                lambda s: (
+                    s.models["a"].status is Status.LOADED
+                    and not s.models["a"].stopping
+                    and s.models["a"].pid not in (0, first)
+                )
+            )
+        a_cpus, b_cpus = snap.models["a"].cpu, snap.models["b"].cpu
+        assert a_cpus is not None
+        assert b_cpus is not None
+        assert set(a_cpus.cpus).isdisjoint(b_cpus.cpus)

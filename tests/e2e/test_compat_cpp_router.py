@@ -57,11 +57,22 @@ async def cpp_router(engine: Path, models: Path) -> AsyncIterator[str]:
         yield await proc.url()
 
 
+# The flags CPU placement adds to a child's command line (shown as they are run, and
+# under troupe.cpu); llama.cpp's router has no placement, so they are the one difference.
+PLACEMENT_FLAGS = {"--threads", "--threads-batch", "--cpu-range", "--cpu-mask", "--cpu-strict"}
+PLACEMENT_FLAGS |= {"--poll"}
+
+
 def _normalise_models(body: dict[str, Any]) -> dict[str, Any]:
     for item in body["data"]:
-        item.pop("troupe", None)  # troupe's own facts, under one extra key
+        ours = item.pop("troupe", None)  # troupe's own facts, under one extra key
         item["created"] = 0
         args = item["status"]["args"]
+        if ours is not None and (ours.get("cpu") or {}).get("placed_by") == "troupe":
+            placed = [i for i, a in enumerate(args) if a in PLACEMENT_FLAGS]
+            assert placed, args
+            for i in reversed(placed):
+                del args[i : i + 2]
         if "--port" in args:
             args[args.index("--port") + 1] = "PORT"
     return body

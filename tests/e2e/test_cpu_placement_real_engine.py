@@ -81,12 +81,15 @@ async def test_children_beside_each_other_never_share_a_core_and_both_still_serv
     ) as router:
         await complete(router, "tiny-a")
         first = router.snapshot.models["tiny-a"].pid
-        await complete(router, "tiny-b")  # tiny-a, all cores, is started again narrower
+        await complete(router, "tiny-b")  # at once; tiny-a, all cores, is started again narrower
         with trio.fail_after(60):
-            snap = await router.ctx.scheduler.wait_until(
-                lambda s: s.models["tiny-a"].status is Status.LOADED and s.models["tiny-a"].pid
+            await router.ctx.scheduler.wait_until(
+                lambda s: (
+                    s.models["tiny-a"].status is Status.LOADED
+                    and s.models["tiny-a"].pid not in (0, first)
+                    and not s.models["tiny-a"].stopping
+                )
             )
-        assert snap.models["tiny-a"].pid != first
         lanes = {}
         for model in ("tiny-a", "tiny-b"):
             pid = child_pid(router, model)

@@ -15,6 +15,7 @@ from troupe.sched.phase import Phase
 from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
+from troupe.sched.requests import Requests
 from troupe.sched.status import Status
 from troupe.sched.table import ModelState, ModelTable
 
@@ -30,6 +31,7 @@ class ChildReports:
         self,
         table: ModelTable,
         queue: AdmissionQueue,
+        requests: Requests,
         children: Children,
         crashes: CrashRecord,
         memory: MemoryAdmission | None,
@@ -38,6 +40,7 @@ class ChildReports:
     ) -> None:
         self._table = table
         self._queue = queue
+        self._requests = requests
         self._children = children
         self._crashes = crashes
         self._memory = memory
@@ -145,7 +148,14 @@ class ChildReports:
             m.oom_retried = True
             for victim in victims:
                 cause = StopCause(StopReason.MEMORY, model)
-                self._children.stop(self._table.models[victim], cause, now)
+                v = self._table.models[victim]
+                if v.phase is Phase.REPLANNING:
+                    v.last_stop = cause  # its start on a narrower lane is called off
+                    v.move(Phase.UNLOADED)
+                elif v.stopping:
+                    v.last_stop = cause  # stopping for a re-plan already: not started again
+                else:
+                    self._children.stop(v, cause, now)
         if self._table.retiring(model):
             self._table.drop(model)
         return True
@@ -155,9 +165,25 @@ class ChildReports:
         more (none if it was tried again already, or is leaving the table)."""
         if m.oom_retried or self._table.retiring(m.name):
             return []
-        victims: list[str] = []
+        # Idle models on their way to a narrower lane (a re-plan) are resident, or about
+        # to be again: they go too, their restart called off.
+        waited = {w.model for w in self._requests.waiters.values()}
+        waited |= {d.model for d in self._requests.direct.values()}
+        victims = [
+            o.name
+            for o in self._table
+            if o is not m and _replanned(o) and not o.config.pin and o.name not in waited
+        ]
         while True:
             victim = pick_victim(self._table.models, self._queue, exclude=[m.name, *victims])
             if victim is None:
                 return victims
             victims.append(victim)
+
+
+def _replanned(o: ModelState) -> bool:
+    if o.phase is Phase.REPLANNING:
+        return True
+    if o.replanned and o.status is Status.LOADING and not o.in_flight:
+        return True  # started again on its narrower lane, nobody's request on it
+    return o.stopping and o.last_stop is not None and o.last_stop.reason is StopReason.REPLAN

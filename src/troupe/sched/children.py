@@ -91,6 +91,7 @@ class Children:
         """Start ``m``'s next child (on lane ``cpu``, when troupe places it)."""
         m.gen = self._table.next_gen(m)
         m.cpu = cpu
+        m.replanned = m.phase is Phase.REPLANNING
         if self._cpu is not None:
             if cpu is not None:
                 self._cpu.hold(m.name, cpu)

@@ -99,6 +99,7 @@ class SchedulerCore:
         self.reports = ChildReports(
             self.table,
             self.queue,
+            self.requests,
             self.children,
             self.crashes,
             self.memory,

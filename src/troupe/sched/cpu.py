@@ -8,9 +8,11 @@ plan is made at each spawn, from the children that will be running beside it:
 * a child that will run alone gets every core (as the engine's default would);
 * with ``k`` children, the cores are split into ``k`` disjoint lanes (at most one per
   core; past that, lanes of one core are shared, one thread each, no polling);
-* a child that is wider than its lane would now be is *re-planned*: the newcomer waits
-  while it finishes its requests, then it is started again on its lane (the drain's
-  mechanism: `troupe.sched.settle`). Later children never overlap an earlier one.
+* a child that is wider than its lane would now be is *re-planned*: the newcomer starts
+  at once on the cores that child will give up (a lane marked shared meanwhile: one
+  thread per core, no polling), and the wider child is started again on its narrower
+  lane as soon as it has no request (the drain's mechanism: `troupe.sched.settle`), or
+  once it is ready if it was still loading. A load never waits for a lane.
 
 A child whose command line sets ``--threads`` or a CPU set itself is left as given; the
 ledger counts what it holds (its CPU set, or that many cores wherever the OS puts them).
@@ -18,7 +20,7 @@ ledger counts what it holds (its CPU set, or that many cores wherever the OS put
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import attrs
 
@@ -119,10 +121,16 @@ class CpuLedger:
         free = max(1, self.topology.size - len(pinned) - loose)
         return lane_widths(free, children)[-1]
 
-    def plan(self, model: str, beside: Iterable[str]) -> tuple[CpuPlan | None, list[str]]:
+    def plan(
+        self, model: str, beside: Iterable[str], shrinking: Collection[str] = ()
+    ) -> tuple[CpuPlan | None, list[str]]:
         """A lane for ``model`` beside the children in ``beside`` (the others that will be
         running with it, placed or about to be). None and the placed children to re-plan
-        (narrower) when its lane is held by children wider than they may now be."""
+        (narrower) when its lane is held by children wider than they may now be.
+
+        ``shrinking``: children about to be narrowed; they count as holding only the
+        first cores of their lane, and a lane that takes the rest is marked shared until
+        they are (`borrow`)."""
         near = set(beside) - {model}
         others = {m: p for m, p in self.placed.items() if m in near}
         pinned, loose = self._fixed_cores()
@@ -130,6 +138,9 @@ class CpuLedger:
         count = 1 + sum(1 for m in near if m not in self.fixed)  # placed, or coming back
         width = self.width_for(count)
         shared = count > max(1, len(usable) - loose)
+        for m in shrinking:
+            if m in others:
+                others[m] = attrs.evolve(others[m], cores=others[m].cores[:width])
         held = {c for p in others.values() for c in p.cores}
         free = [i for i in usable if i not in held]
         if shared:
@@ -146,6 +157,34 @@ class CpuLedger:
             key=lambda m: (-len(others[m].cores), m),
         )
         return None, too_wide
+
+    def borrow(self, model: str, beside: Iterable[str]) -> tuple[CpuPlan | None, list[str]]:
+        """A lane for ``model`` now: its own if one is free, else the cores the children
+        wider than their lanes will give up once narrowed (shared until then); those
+        children are the second item."""
+        beside = list(beside)
+        plan, too_wide = self.plan(model, beside)
+        if plan is not None or not too_wide:
+            return plan, []
+        plan, _ = self.plan(model, beside, shrinking=too_wide)
+        if plan is not None and not plan.shared:
+            plan = attrs.evolve(plan, shared=True)
+        return plan, too_wide
+
+    def overlapped(self, model: str, beside: Iterable[str]) -> str | None:
+        """The first child in ``beside`` whose lane ``model``'s overlaps while ``model`` is
+        wider than its lane may be now (it must be narrowed); None when it need not be."""
+        mine = self.placed.get(model)
+        if mine is None:
+            return None
+        near = sorted(set(beside) - {model})
+        if len(mine.cores) <= self.width_for(1 + sum(1 for m in near if m not in self.fixed)):
+            return None
+        for other in near:
+            theirs = self.placed.get(other)
+            if theirs is not None and not set(mine.cores).isdisjoint(theirs.cores):
+                return other
+        return None
 
     def _pick(self, free: list[int], width: int) -> tuple[int, ...]:
         """``width`` free cores, from one NUMA node where one has enough."""

@@ -1,10 +1,12 @@
 """CPU placement at admission: the lane a model's child gets, and re-planning a child
 that is wider than its lane may be now (see `troupe.sched.cpu` for the policy).
 
-A model that needs a lane held by a wider child waits, as for a slot: the wider child
-takes no new request, finishes the ones it has (the drain's mechanism), stops, and is
-started again at once on its narrower lane (`Phase.REPLANNING`). The model it made
-room for is reserved a lane meanwhile, so the child started again plans beside it.
+A model whose lane is held by a wider child never waits for it: it starts at once on
+the cores that child will give up (a shared lane until then), and the wider child is
+narrowed as soon as it can be: at once when idle; when busy, it takes no new request,
+finishes the ones it has (the drain's mechanism), stops, and is started again on its
+narrower lane (`Phase.REPLANNING`); a child still loading is narrowed once it is ready.
+A user's long answer on one model therefore never holds another model's load back.
 """
 
 from __future__ import annotations
@@ -42,20 +44,34 @@ class Placement:
         self._reserved: set[str] = set()  # waiting for a re-plan made for them
 
     def admits(self, m: ModelState, now: float) -> bool:
-        """Is there a lane for ``m`` now? If a wider child holds it, re-plan that one and
-        answer False (the caller waits). Models placed by their own flags always are."""
+        """Is there a lane for ``m`` now? Always, once a wider child holding it is being
+        narrowed (see `narrow`); models placed by their own flags always are."""
         ledger = self.ledger
         if ledger is None or m.config.cpu is not None:
             return True
-        plan, too_wide = ledger.plan(m.name, self._beside(m.name))
-        if plan is not None:
-            self._planned[m.name] = plan
-            return True
-        self._reserved.add(m.name)
-        for name in too_wide:
-            if self._replan(self._table.models[name], m.name, now):
-                break
-        return False
+        plan, _ = ledger.borrow(m.name, self._beside(m.name))
+        if plan is None:
+            self._reserved.add(m.name)
+            return False
+        self._planned[m.name] = plan
+        return True
+
+    def must_narrow(self, m: ModelState) -> str | None:
+        """The placed child ``m``'s lane overlaps while ``m`` is wider than it may be now:
+        ``m`` is to be narrowed for it. None: it need not be."""
+        if self.ledger is None:
+            return None
+        return self.ledger.overlapped(m.name, self._beside(m.name))
+
+    def narrow(self, now: float) -> None:
+        """Start narrowing each serving child that overlaps a lane given away beside it:
+        stopped at once when idle, drained when busy (stopped once its requests end)."""
+        for o in list(self._table):
+            if not o.phase.serves or o.stopping or o.phase is Phase.DRAINING:
+                continue
+            for_model = self.must_narrow(o)
+            if for_model is not None:
+                self._replan(o, for_model, now)
 
     def take(self, name: str) -> CpuPlan | None:
         """The lane `admits` found for ``name``, as its spawn starts."""
@@ -103,22 +119,14 @@ class Placement:
         coming = {o.name for o in self._table if _will_run(o)}
         return sorted((coming | self._reserved) - {model})
 
-    def _replan(self, o: ModelState, for_model: str, now: float) -> bool:
-        """Start narrowing ``o`` for ``for_model``; True when it is (or already was)."""
-        if o.phase is Phase.DRAINING or o.stopping:
-            return True  # under way already
+    def _replan(self, o: ModelState, for_model: str, now: float) -> None:
         if o.in_flight:
-            if not o.phase.serves:
-                return False  # a request proxied to it while it loads: wait for it to end
             o.drain_for = for_model
             o.drain_reason = StopReason.REPLAN
             o.move(Phase.DRAINING)
             self._out.emit(DrainStarted(o.name, for_model, o.in_flight))
-            return True
-        if o.is_running:
+        else:
             self._children.stop(o, StopCause(StopReason.REPLAN, for_model), now)
-            return True
-        return False
 
 
 def _will_run(o: ModelState) -> bool:

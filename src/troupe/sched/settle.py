@@ -146,6 +146,7 @@ class Settler:
         for rid, d in list(self._requests.direct.items()):
             self._advance_direct(rid, d, now)
         self._respawn_replanned(now)
+        self.placement.narrow(now)
         self._tick(now)
         self.measure_next()
         stop_all = self._requests.stop_all
@@ -351,17 +352,21 @@ class Settler:
                 continue
             target = m.drain_for
             assert target is not None
-            wanted = self._table.get(target)
-            waits = self._queue.find(target) is not None
-            if m.drain_reason is StopReason.REPLAN and wanted is not None:
-                # A lane is also wanted by a parked POST /models/load, and by a model
-                # coming back from its own re-plan.
-                waits = waits or target in self._requests.wanted()
-                waits = waits or wanted.phase is Phase.REPLANNING
-            if not waits or wanted is None or wanted.is_running:
-                m.drain_for = None
-                m.drain_reason = StopReason.DRAIN
-                m.move(Phase.reporting(m.reported))
+            if m.drain_reason is StopReason.REPLAN:
+                # Narrowed while its lane overlaps one given away beside it; called off
+                # when that child is gone (it failed, or was stopped meanwhile).
+                overlapped = self.placement.must_narrow(m)
+                if overlapped is not None:
+                    m.drain_for = overlapped  # the child it is narrowed for now
+                    continue
+            else:
+                wanted = self._table.get(target)
+                waits = self._queue.find(target) is not None
+                if waits and wanted is not None and not wanted.is_running:
+                    continue
+            m.drain_for = None
+            m.drain_reason = StopReason.DRAIN
+            m.move(Phase.reporting(m.reported))
 
     def start_drain(self, now: float) -> None:
         """The queue has starved for ``drain_after``: the busy model with the least demand

@@ -45,6 +45,7 @@ class ModelState:
     pid: int = 0
     exit_code: int = 0  # upstream's, of the last child (0 while one runs)
     last_stop: StopCause | None = None  # why the current (or last) child was told to stop
+    replanned: bool = False  # the current child was started again by a re-plan (CPU lane)
     drain_for: str | None = None  # draining for this model (kept while it then stops)
     drain_reason: StopReason = StopReason.DRAIN  # why: a swap, or a narrower CPU lane
     cpu: CpuPlan | None = None  # where troupe placed its current child (None: not placed)

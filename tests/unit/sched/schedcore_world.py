@@ -391,7 +391,7 @@ class World:
             )
         for s in issued:
             if s.cause.reason is StopReason.REPLAN:
-                # Narrowed for a model that waits for its lane: never while it serves.
+                # Narrowed (or widened) between requests, never while it serves.
                 busy = [r for r, lease in self.leases.items() if lease == (s.model, s.gen)]
                 assert not busy, f"{s} while requests {busy} are in flight"
                 assert core.cpu is not None, s
@@ -400,7 +400,9 @@ class World:
                     m = core.table.models[s.model]
                     assert m.idle_since + WIDEN_AFTER <= self.now, (s, m.idle_since)
                     continue
-                assert self.wanted(s.cause.for_model), f"{s} but nobody waits for it"
+                # Narrowed for a model that took the cores it gives up, or waits for them.
+                taker = core.table.models[s.cause.for_model]
+                assert self.wanted(taker.name) or taker.is_running, f"{s} but nobody needs it"
                 continue
             if s.cause.reason is StopReason.DRAIN:
                 # Fair admission: a busy model drained for a starving one, stopped only
@@ -534,8 +536,12 @@ class World:
         if child.stop is not None and child.stop.cause.reason is StopReason.REPLAN:
             self.replanning.add(model)  # it comes back at once, narrower (maybe this step)
         now = self.tick()
+        retried_before = self.core.table.models[model].oom_retried
         self.step(self.core.exited(model, child.gen, code, now, expected=expected, oom=oom))
-        if any(s.cause == StopCause(StopReason.MEMORY, model) for s in self.of_type(Stop)):
+        retried = self.core.table.models[model].oom_retried and not retried_before
+        if retried or any(
+            s.cause == StopCause(StopReason.MEMORY, model) for s in self.of_type(Stop)
+        ):
             # out of memory while loading: idle models go and the load is tried once more
             assert oom, self.out
             assert not expected, self.out

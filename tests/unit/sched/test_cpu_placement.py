@@ -1,6 +1,7 @@
 """CPU placement in the core: a child alone gets every core, children beside each other
-get disjoint lanes, a child wider than its lane is re-planned (drained, started again
-narrower), explicit CPU flags are left as given and counted."""
+get disjoint lanes, a newcomer never waits for a lane while a child wider than its lane
+is re-planned (stopped or drained, started again narrower), explicit CPU flags are left
+as given and counted."""
 
 from __future__ import annotations
 
@@ -36,19 +37,23 @@ def test_a_model_alone_gets_every_core_even_with_others_in_the_catalogue() -> No
     assert lane(spawn) == ((0, 1, 2, 3), 4)
 
 
-def test_a_second_model_waits_while_the_idle_wide_one_is_started_again_narrower() -> None:
+def test_a_second_model_starts_at_once_and_the_idle_wide_one_is_started_again_narrower() -> None:
     b = bench(["a", "b"])
     b.bring_up("a")
     wb = b.rid()
     out = b.acquire(wb, "b")
-    assert spawns(out) == []  # b's lane is a's: a goes first
+    # b never waits for a lane: it takes the core a gives up (shared until a is narrowed)
+    assert {s.model: (lane(s), s.cpu.shared) for s in spawns(out) if s.cpu} == {
+        "b": (((1,), 1), True)
+    }
     (stop,) = stops(out)
     assert stop.cause == StopCause(StopReason.REPLAN, "b")
-    out = b.finish_stop(stop)
-    started = {s.model: lane(s) for s in spawns(out)}
-    assert started == {"b": ((0,), 1), "a": ((1,), 1)}  # disjoint, b planned first
     b.spawned("b")
     grant_of(b.ready("b"), wb)
+    (again,) = spawns(b.finish_stop(stop))
+    assert lane(again) == ((0,), 1)  # disjoint from b's
+    assert again.cpu is not None
+    assert not again.cpu.shared
     b.spawned("a")
     b.ready("a")
     assert b.view("a").cpu is not None
@@ -62,32 +67,51 @@ def test_a_busy_wide_model_finishes_its_requests_before_it_is_narrowed() -> None
     wb, wa = b.rid(), b.rid()
     out = b.acquire(wb, "b")
     assert stops(out) == []
+    assert [s.model for s in spawns(out)] == ["b"]  # a long answer on a holds b back not
     assert b.view("a").phase is Phase.DRAINING
     assert b.acquire(wa, "a") == []  # a takes no new request meanwhile: it waits
+    b.spawned("b")
+    grant_of(b.ready("b"), wb)
     (stop,) = stops(b.release(busy))
     assert stop.cause == StopCause(StopReason.REPLAN, "b")
-    out = b.finish_stop(stop)
-    assert {s.model: lane(s) for s in spawns(out)} == {"b": ((0,), 1), "a": ((1,), 1)}
+    (again,) = spawns(b.finish_stop(stop))
+    assert lane(again) == ((0,), 1)
     b.spawned("a")
     grant_of(b.ready("a"), wa)  # a's own waiter is served by its narrower child
 
 
-def test_a_drain_for_a_lane_is_called_off_when_the_model_that_needed_it_leaves() -> None:
+def test_a_drain_for_a_lane_is_called_off_when_the_model_that_took_it_is_gone() -> None:
     b = bench(["a", "b"])
     b.bring_up("a")
     busy = b.lease("a")
     wb = b.rid()
     b.acquire(wb, "b")
     assert b.view("a").phase is Phase.DRAINING
-    b.release(wb)  # b's client gave up
+    b.spawned("b")
+    b.exited("b", 1, expected=False)  # b died as it loaded: a keeps every core
     assert b.view("a").phase is Phase.LOADED
     assert stops(b.release(busy)) == []
+
+
+def test_a_wide_child_still_loading_is_narrowed_once_ready() -> None:
+    b = bench(["a", "b"])
+    wa = b.rid()
+    spawns(b.acquire(wa, "a"))
+    b.spawned("a")  # loading, its first request waiting for it
+    out = b.acquire(b.rid(), "b")
+    assert [s.model for s in spawns(out)] == ["b"]
+    assert stops(out) == []  # its load is not thrown away
+    grant_of(b.ready("a"), wa)  # its waiter is served by the wide child...
+    assert b.view("a").phase is Phase.DRAINING  # ...which is narrowed after
+    (stop,) = stops(b.release(wa))
+    assert stop.cause == StopCause(StopReason.REPLAN, "b")
 
 
 def test_more_models_than_cores_share_one_core_lanes_with_one_thread() -> None:
     b = bench(["a", "b", "c"], cores=2, models_max=3)
     b.bring_up("a")
-    out = b.finish_stop(stops(b.acquire(b.rid(), "b"))[0])  # a is narrowed for b
+    out = b.acquire(b.rid(), "b")
+    out += b.finish_stop(stops(out)[0])  # a is narrowed for b
     for s in spawns(out):
         b.spawned(s.model)
         b.ready(s.model)
@@ -118,7 +142,8 @@ def test_without_a_ledger_nothing_is_placed() -> None:
 def test_a_narrowed_child_left_alone_and_idle_is_started_again_on_every_core() -> None:
     b = bench(["a", "b"])
     b.bring_up("a")
-    out = b.finish_stop(stops(b.acquire(b.rid(), "b"))[0])
+    out = b.acquire(b.rid(), "b")
+    out += b.finish_stop(stops(out)[0])
     for s in spawns(out):
         b.spawned(s.model)
         b.ready(s.model)
