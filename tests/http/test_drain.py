@@ -14,7 +14,7 @@ import httpx
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from troupe.sched import Status
+from troupe.sched import Snapshot, Status
 from troupe_rig.router import RouterFactory, RunningRouter
 
 SLOW = {"fake-tps": "50", "fake-tokens": "10"}  # a short request: a fifth of a second
@@ -37,6 +37,25 @@ async def keep_busy(
         codes.append(resp.status_code)
 
 
+async def settled_apart(router: RunningRouter) -> None:
+    """a and b loaded, each on its own lane. With CPU placement a, started alone on every
+    core, is started again narrower once b is loaded beside it; the test's drain must be
+    the one c causes, so the busy load starts after that re-plan."""
+
+    def apart(s: Snapshot) -> bool:
+        views = [s.models[m] for m in ("a", "b")]
+        if any(v.status is not Status.LOADED or v.stopping or v.draining_for for v in views):
+            return False
+        a, b = (v.cpu for v in views)
+        return a is None or b is None or set(a.cpus).isdisjoint(b.cpus)
+
+    for model in ("a", "b"):
+        await router.ctx.scheduler.load(model)
+        await router.wait_for_status(model, Status.LOADED)
+    with trio.fail_after(20):
+        await router.ctx.scheduler.wait_until(apart)
+
+
 async def both_busy(router: RunningRouter) -> None:
     await router.ctx.scheduler.wait_until(
         lambda s: s.models["a"].in_flight > 0 and s.models["b"].in_flight > 0
@@ -51,6 +70,7 @@ async def test_a_model_that_starves_behind_busy_ones_is_served_after_the_drain(
         fake_router(sections, "--models-max", "2", "--drain-after", "0.5") as router,
         router.client() as http,
     ):
+        await settled_apart(router)
         stop, codes = trio.Event(), list[int]()
         async with trio.open_nursery() as nursery:
             for model in ("a", "b"):
@@ -122,6 +142,7 @@ async def test_a_drain_and_an_unload_are_counted_by_their_reason_on_metrics(
         with router.ctx.scheduler.subscribe() as events:
             async with trio.open_nursery() as watching:
                 watching.start_soon(collect, events)
+                await settled_apart(router)
                 stop, codes = trio.Event(), list[int]()
                 async with trio.open_nursery() as nursery:
                     for model in ("a", "b"):
