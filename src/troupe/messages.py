@@ -26,6 +26,7 @@ __all__ = [
     "DownloadProgress",
     "Drain",
     "Exited",
+    "KeepAlive",
     "LoadModel",
     "MeasureFailed",
     "Measured",
@@ -61,6 +62,17 @@ class Release:
     """The lease ``rid`` ended, or its request stopped waiting."""
 
     rid: int
+
+
+@attrs.frozen
+class KeepAlive:
+    """A request's ``keep_alive`` (the Ollama API) for child ``gen`` (None: the one running)."""
+
+    rid: int
+    model: str
+    gen: int | None
+    seconds: float  # idle seconds before it unloads; 0: once idle; inf: kept loaded
+    reply: ReplyChannel
 
 
 @attrs.frozen
@@ -216,6 +228,7 @@ class DownloadFailed:
 Message = (
     Acquire
     | Release
+    | KeepAlive
     | LoadModel
     | UnloadModel
     | StopAll

@@ -27,7 +27,9 @@ from troupe.child.ledger import PidLedger, default_state_dir, reap_orphans
 from troupe.child.process import kill_group
 from troupe.engine import Engine
 from troupe.errors import TroupeError
+from troupe.http.routes import ROUTES
 from troupe.http.serve import serve_http
+from troupe.ollama import OLLAMA_ROUTES, OLLAMA_UNDER
 from troupe.ops.ready import ready_line
 from troupe.realtime import serve_realtime
 from troupe.router import Router, build_router
@@ -119,7 +121,10 @@ async def serve_router(
     """Scheduler + HTTP server; reports the bound URLs once listening."""
     async with trio.open_nursery() as nursery:
         await nursery.start(router.scheduler.run)
-        urls = await nursery.start(partial(serve_http, router, websocket=serve_realtime))
+        routes = ROUTES.extended(OLLAMA_ROUTES, OLLAMA_UNDER)  # Ollama's API beside llama.cpp's
+        urls = await nursery.start(
+            partial(serve_http, router, websocket=serve_realtime, routes=routes)
+        )
         router.ready = True  # upstream: ready right after binding, before startup loads
         for url in urls:
             # Always shown, whatever the log level: with --port 0 it is how to find the port.

@@ -39,6 +39,7 @@ from troupe.messages import (
     ChildState,
     Drain,
     Exited,
+    KeepAlive,
     LoadModel,
     Measured,
     MeasureFailed,
@@ -254,6 +255,13 @@ class Scheduler:
         with trio.CancelScope(shield=True):
             await self._send.send(Release(rid))
 
+    async def keep_alive(self, model: str, gen: int | None, seconds: float) -> None:
+        """How long ``model``'s child ``gen`` stays loaded once idle (`SchedulerCore.keep_alive`).
+        Sent by a request while it holds its lease, so the release that follows sees it;
+        returns once it is in effect (and in the snapshot)."""
+        with trio.CancelScope(shield=True):  # it must not be lost with a client that left
+            await self._ask(lambda rid, reply: KeepAlive(rid, model, gen, seconds, reply))
+
     async def load(self, model: str) -> None:
         """``POST /models/load``; raises `ModelUnavailable` with upstream's error."""
         await self._ask(lambda rid, reply: LoadModel(rid, model, reply))
@@ -339,6 +347,10 @@ class Scheduler:
             case Release():
                 self._replies.drop(msg.rid)  # an asker that gave up waiting
                 return core.release(msg.rid, now)
+            case KeepAlive():
+                expect(msg.rid, msg.reply)
+                effects = core.keep_alive(msg.model, msg.gen, msg.seconds, now)
+                return [*effects, Reply(msg.rid, None)]
             case LoadModel():
                 expect(msg.rid, msg.reply)
                 return core.load(msg.rid, msg.model, now)

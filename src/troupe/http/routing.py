@@ -53,6 +53,12 @@ class RouteTable:
             self._exact[key] = handler
         self._under = tuple(under)
 
+    def extended(
+        self, exact: Iterable[tuple[tuple[str, str], Handler]], under: Iterable[Under] = ()
+    ) -> RouteTable:
+        """This table and more routes (another API's, plugged in by the service)."""
+        return RouteTable([*self._exact.items(), *exact], [*self._under, *under])
+
     def find(self, method: str, route: str) -> Handler | None:
         """The handler for ``method route`` (``route`` without the API prefix), or None."""
         handler = self._exact.get((method, route))

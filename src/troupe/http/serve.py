@@ -15,6 +15,7 @@ import trio
 
 from troupe.http.front import Front
 from troupe.http.routes import ROUTES
+from troupe.http.routing import RouteTable
 from troupe.http.server.config import ServerConfig
 from troupe.http.server.lifecycle import HttpServer
 from troupe.http.server.listen import open_listeners
@@ -43,13 +44,14 @@ async def serve_http(
     router: Router,
     *,
     websocket: WebSocketDoor | None = None,
+    routes: RouteTable = ROUTES,
     config: ServerConfig | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until ``router.http_stop`` is set; reports the bound URLs once listening."""
     try:
         settings = router.settings
-        server = HttpServer(Front(router, ROUTES, websocket), config or server_config(settings))
+        server = HttpServer(Front(router, routes, websocket), config or server_config(settings))
         router.http_server = server
         bound = await open_listeners(settings)
         server.urls = bound.urls

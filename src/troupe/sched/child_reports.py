@@ -172,7 +172,7 @@ class ChildReports:
         victims = [
             o.name
             for o in self._table
-            if o is not m and _replanned(o) and not o.config.pin and o.name not in waited
+            if o is not m and _replanned(o) and not o.pin and o.name not in waited
         ]
         while True:
             victim = pick_victim(self._table.models, self._queue, exclude=[m.name, *victims])

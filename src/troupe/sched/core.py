@@ -226,6 +226,19 @@ class SchedulerCore:
         self._settle(now)
         return self._flush()
 
+    def keep_alive(self, model: str, gen: int | None, seconds: float, now: float) -> list[Effect]:
+        """A request's ``keep_alive`` (the Ollama API) for child ``gen`` of ``model`` (None:
+        whichever runs now): unloaded after ``seconds`` idle (0: as soon as its requests
+        end), never on troupe's own initiative for inf. Through the TTL and the pin, so
+        admission, memory and fairness see it like a preset's; the next child starts with
+        its preset's again. A model that is not running is left alone."""
+        self._now = now
+        m = self.table.known(model)
+        if m is not None and m.is_running and not m.stopping and gen in (None, m.gen):
+            m.keep_alive = (m.gen, seconds)
+        self._settle(now)
+        return self._flush()
+
     def load(self, rid: int, model: str, now: float) -> list[Effect]:
         """``POST /models/load``: evict the LRU model and wait for it, then spawn (§3.4)."""
         m = self.table.known(model)

@@ -47,7 +47,7 @@ def record_demand(m: ModelState, now: float) -> None:
 def _evictable(m: ModelState, busy: bool) -> bool:
     if bool(m.in_flight) != busy or not m.status.is_ready_or_sleeping or m.spawn_pending:
         return False
-    return not (m.stopping or m.draining_for is not None or m.config.pin)
+    return not (m.stopping or m.draining_for is not None or m.pin)
 
 
 def pick_victim(
@@ -83,7 +83,7 @@ def pick_victim(
     for name, m in models.items():
         if name == best or name in skip or not m.is_running:
             continue
-        if m.stopping or m.draining_for is not None or m.config.pin:
+        if m.stopping or m.draining_for is not None or m.pin:
             continue
         # Busy, loading or wanted by a queued request: it can go once done with those.
         if demand(m, now) * HOLD_FOR < best_key[0]:
@@ -125,8 +125,8 @@ def evictions_needed(
 def ttl_expiry(m: ModelState, queue: AdmissionQueue) -> float | None:
     """When ``m``'s ttl unloads it, if it has one and is idle (up, no request in flight
     or queued, not pinned: pinned means never unloaded on troupe's own initiative)."""
-    ttl = m.config.ttl
-    if ttl is None or not m.phase.serves or m.config.pin or m.in_flight:
+    ttl = m.ttl
+    if ttl is None or not m.phase.serves or m.pin or m.in_flight:
         return None
     if queue.find(m.name) is not None:
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -62,6 +63,9 @@ class ModelState:
     last_load_seconds: float | None = None
     last_error: str | None = None
     crashes: deque[float] = attrs.field(factory=deque)
+    # A request's keep_alive (the Ollama API) for child ``gen``: (gen, idle seconds),
+    # inf for "keep it loaded". Only that child's: the next one starts with its config.
+    keep_alive: tuple[int, float] | None = None
 
     def move(self, phase: Phase) -> None:
         """The one way a phase changes; a move the lifecycle does not list raises."""
@@ -72,6 +76,26 @@ class ModelState:
     @property
     def name(self) -> str:
         return self.config.name
+
+    def _kept_alive(self) -> float | None:
+        if self.keep_alive is None or self.keep_alive[0] != self.gen:
+            return None
+        return self.keep_alive[1]
+
+    @property
+    def pin(self) -> bool:
+        """Never evicted nor unloaded on troupe's own initiative: its preset's ``pin``, or
+        a request's ``keep_alive: -1`` for this child."""
+        return self.config.pin or self._kept_alive() == math.inf
+
+    @property
+    def ttl(self) -> float | None:
+        """Idle seconds before it unloads: a request's ``keep_alive`` for this child, else
+        its preset's ``ttl`` (a preset ``pin`` beats any keep_alive: the operator's word)."""
+        kept = None if self.config.pin else self._kept_alive()
+        if kept is None:
+            return self.config.ttl
+        return None if kept == math.inf else kept
 
     @property
     def status(self) -> Status:
@@ -215,6 +239,7 @@ class ModelView:
     memory_high: Mapping[str, int] | None = None  # the engine's figure at full context
     cpu: CpuPlan | None = None  # where troupe placed its child (cores, threads)
     cpu_request: CpuRequest | None = None  # or what its own flags say
+    idle_since: float = 0.0  # when its last request finished (Trio time; TTL counts from here)
 
     @property
     def last_eviction(self) -> str | None:

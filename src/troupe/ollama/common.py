@@ -1,0 +1,146 @@
+"""What every Ollama route shares: its JSON body, its errors (``{"error": "..."}``
+with Ollama's status codes), the model a request names, and the lease.
+
+The lease is the OpenAI routes' own: the same validation (`validate_model`: rejected
+models, ``?autoload=``), the same queue bounded by ``--queue-timeout``
+(`acquire_within`), the same queue-wait metric; ``keep_alive`` goes to the scheduler
+while the lease is held, so the release that follows applies it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import trio
+
+from troupe.actors.scheduler import ModelUnavailable
+from troupe.api import dumps
+from troupe.catalog import ModelEntry
+from troupe.http.proxy_routes import acquire_within, autoload_flag, validate_model
+from troupe.http.respond import retry_after
+from troupe.http.server.exchange import Exchange
+from troupe.ollama.keepalive import BadKeepAlive, parse_keep_alive
+from troupe.ollama.names import resolve
+from troupe.router import Router
+from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant
+
+__all__ = [
+    "NDJSON",
+    "NDJSON_TYPE",
+    "Leased",
+    "child_headers",
+    "describe_keep_alive",
+    "keep_alive_of",
+    "lease",
+    "model_entry",
+    "not_found",
+    "read_json",
+    "send_error",
+]
+
+log = logging.getLogger("troupe.ollama")
+
+NDJSON_TYPE = b"application/x-ndjson"
+NDJSON = b"Content-Type: " + NDJSON_TYPE + b"\r\n"
+
+
+async def send_error(
+    ex: Exchange, status: int, message: str, failure: Failure | None = None
+) -> None:
+    headers = retry_after(failure) if failure is not None else []
+    await ex.respond(status, dumps({"error": message}), headers=headers)
+
+
+def not_found(name: str) -> str:
+    return f'model "{name}" not found, try pulling it first'
+
+
+async def read_json(ex: Exchange) -> dict[str, Any] | None:
+    """The body as a JSON object, or None once a 400 went out (as Ollama answers)."""
+    try:
+        data = json.loads(ex.body or b"{}")
+    except (ValueError, RecursionError) as exc:
+        await send_error(ex, 400, f"invalid JSON in the request body: {exc}")
+        return None
+    if not isinstance(data, dict):
+        await send_error(ex, 400, "the request body must be a JSON object")
+        return None
+    return data
+
+
+async def model_entry(ctx: Router, ex: Exchange, req: Mapping[str, Any]) -> ModelEntry | None:
+    """The catalogue entry ``model`` (or the older ``name``) names; None once a 400 or
+    Ollama's 404 went out."""
+    name = req.get("model") or req.get("name")
+    if not isinstance(name, str) or not name:
+        await send_error(ex, 400, "model is required")
+        return None
+    entry = resolve(ctx.catalog, name)
+    if entry is None:
+        await send_error(ex, 404, not_found(name))
+        return None
+    return entry
+
+
+async def keep_alive_of(ex: Exchange, req: Mapping[str, Any]) -> tuple[bool, float | None]:
+    """(ok, seconds) for ``keep_alive``; (False, None) once a 400 went out."""
+    try:
+        return True, parse_keep_alive(req.get("keep_alive"))
+    except BadKeepAlive as exc:
+        await send_error(ex, 400, str(exc))
+        return False, None
+
+
+Leased = Callable[[Grant, float], Awaitable[None]]  # (the lease, seconds it waited)
+
+
+async def lease(
+    ctx: Router, ex: Exchange, entry: ModelEntry, keep_alive: float | None, work: Leased
+) -> None:
+    """Hold ``entry``'s child for ``work``, exactly as a proxied OpenAI request does;
+    refusals are Ollama's errors with the scheduler's status."""
+    autoload = autoload_flag(ex.params, ctx.settings.models_autoload)
+    checked = validate_model(ctx, entry.name, autoload)
+    if isinstance(checked, Failure):
+        await send_error(ex, checked.status, checked.message, checked)
+        return
+    started = time.monotonic()
+    try:
+        with ctx.metrics.time_queue_wait(entry.name):
+            rid, grant = await acquire_within(
+                ctx, entry.name, autoload=autoload, update_last_used=True
+            )
+    except ModelUnavailable as exc:
+        failure = exc.failure
+        await send_error(ex, failure.status, failure.message, failure)
+        return
+    try:
+        if ctx.fake_timing:
+            await trio.sleep(FAKE_TIMING_DELAY)  # counted busy meanwhile, like upstream
+        await work(grant, time.monotonic() - started)
+    finally:
+        if keep_alive is not None:
+            await ctx.scheduler.keep_alive(grant.model, grant.gen, keep_alive)
+        await ctx.scheduler.release(rid)
+
+
+def describe_keep_alive(seconds: float) -> str:
+    return "forever" if math.isinf(seconds) else f"{seconds:g} s"
+
+
+def child_headers(ex: Exchange, grant: Grant) -> list[tuple[bytes, bytes]]:
+    """For the child: JSON, and the client's key (children take the router's keys)."""
+    headers = [
+        (b"host", f"127.0.0.1:{grant.port}".encode()),
+        (b"content-type", b"application/json"),
+    ]
+    for name in (b"authorization", b"x-api-key"):
+        value = ex.header(name)
+        if value is not None:
+            headers.append((name, value.encode("latin-1")))
+    return headers

@@ -1,0 +1,282 @@
+"""``/api/chat``, ``/api/generate``, ``/api/embed`` and ``/api/embeddings``: translated
+to the child's routes under a lease, the answer translated back.
+
+Streamed answers are newline-delimited JSON (Ollama's default), one object per chunk
+the child sends; ``"stream": false`` asks the child for a whole answer and sends one
+object. A client that goes away cancels the handler (the route is `watched`): the
+child's answer is closed unfinished, which stops its generation at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from troupe.api import dumps
+from troupe.catalog import ModelEntry
+from troupe.http.server.exchange import Exchange
+from troupe.ollama.answers import Answer, created_at, error_message
+from troupe.ollama.common import (
+    NDJSON,
+    child_headers,
+    keep_alive_of,
+    lease,
+    model_entry,
+    read_json,
+    send_error,
+)
+from troupe.ollama.requests import (
+    BadRequest,
+    ChildRequest,
+    chat_request,
+    embed_request,
+    generate_request,
+)
+from troupe.proxy.upstream import UpstreamError, UpstreamResponse
+from troupe.realtime.translate import SSEDecoder
+from troupe.router import Router
+from troupe.sched import Grant
+
+__all__ = ["chat", "embed", "embeddings", "generate"]
+
+log = logging.getLogger("troupe.ollama")
+
+CLOSE_GRACE = 2.0  # seconds to close a child's answer when the client is gone
+
+
+async def _post(
+    ctx: Router, ex: Exchange, grant: Grant, target: str, body: Any
+) -> UpstreamResponse:
+    wire = dumps(body)
+    return await ctx.relay.pool.request(grant, "POST", target, child_headers(ex, grant), wire)
+
+
+async def _close(upstream: UpstreamResponse) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
+        await upstream.aclose()
+
+
+async def _whole(upstream: UpstreamResponse) -> bytes:
+    return b"".join([chunk async for chunk in upstream.chunks()])
+
+
+def _observe(ctx: Router, ex: Exchange, status: int) -> None:
+    ctx.metrics.observe_relay(ex.path, status, len(ex.body), ex.sent)
+
+
+async def _answer(
+    ctx: Router, ex: Exchange, entry: ModelEntry, child: ChildRequest, *, chat: bool,
+    stream: bool, name: str, keep_alive: float | None,
+) -> None:  # fmt: skip
+    if child.ignored:
+        log.warning(
+            "%s: options %s ignored: load-time options are the model's preset (ctx-size, ...)",
+            entry.name, ", ".join(child.ignored),
+        )  # fmt: skip
+    started = time.monotonic()
+
+    async def work(grant: Grant, waited: float) -> None:
+        answer = Answer(name, chat=chat, kind=child.kind, started=started, load_s=waited)
+        status = 500
+        try:
+            upstream = await _post(ctx, ex, grant, child.target, child.body)
+        except UpstreamError as exc:
+            await send_error(ex, 500, f"the model's server failed: {exc}")
+            _observe(ctx, ex, 500)
+            return
+        try:
+            status = upstream.status_code
+            if status != 200:
+                await send_error(ex, status, error_message(status, await _whole(upstream)))
+            elif stream:
+                await _stream(ex, upstream, answer)
+            else:
+                raw = await _whole(upstream)
+                try:
+                    answer.on_whole(json.loads(raw))
+                except ValueError:
+                    await send_error(ex, 500, "unreadable answer from the model's server")
+                    return
+                await ex.respond(200, dumps(answer.final(whole=True)))
+        except UpstreamError as exc:
+            if not ex.started:
+                await send_error(ex, 500, f"the model's server closed the connection: {exc}")
+            else:
+                ex.keep_alive = False  # the stream is cut: it must look cut
+        finally:
+            await _close(upstream)
+            _observe(ctx, ex, status)
+
+    await lease(ctx, ex, entry, keep_alive, work)
+
+
+async def _stream(ex: Exchange, upstream: UpstreamResponse, answer: Answer) -> None:
+    await ex.send(ex.head(200, NDJSON, length=None))
+    decoder = SSEDecoder()
+    async for chunk in upstream.chunks():
+        lines = []
+        for data in decoder.feed(chunk):
+            if isinstance(data, dict) and "error" in data:
+                error = data["error"]
+                message = error.get("message") if isinstance(error, dict) else error
+                await _send_lines(ex, [{"error": str(message)}])
+                await ex.send(ex.last_chunk)
+                return
+            lines += answer.on_event(data)
+        await _send_lines(ex, lines)
+        if decoder.done:
+            break
+    await _send_lines(ex, [answer.final(whole=False)])
+    await ex.send(ex.last_chunk)
+
+
+async def _send_lines(ex: Exchange, objects: list[dict[str, Any]]) -> None:
+    if not objects:
+        return
+    data = b"".join(dumps(o) + b"\n" for o in objects)
+    ex.sent += len(data)
+    await ex.send(ex.chunk(data))
+
+
+async def _load_or_unload(
+    ctx: Router, ex: Exchange, entry: ModelEntry, *, chat: bool, name: str,
+    keep_alive: float | None,
+) -> None:  # fmt: skip
+    """An empty prompt (or no messages): load the model, or unload it with keep_alive 0,
+    as Ollama does."""
+    out: dict[str, Any] = {"model": name, "created_at": created_at()}
+    if chat:
+        out["message"] = {"role": "assistant", "content": ""}
+    else:
+        out["response"] = ""
+    if keep_alive == 0:
+        # Through the scheduler like any keep_alive: it unloads once the model's requests
+        # end (at once when idle); answered when it is gone.
+        await ctx.scheduler.keep_alive(entry.name, None, 0)
+        view = ctx.scheduler.snapshot.models.get(entry.name)
+        if view is not None and view.status.is_running and view.ttl == 0 and not view.pin:
+            await ctx.scheduler.wait_until(
+                lambda s: (v := s.models.get(entry.name)) is None or not v.status.is_running
+            )
+        await ex.respond(200, dumps({**out, "done": True, "done_reason": "unload"}))
+        return
+
+    async def work(grant: Grant, waited: float) -> None:
+        await ex.respond(200, dumps({**out, "done": True, "done_reason": "load"}))
+
+    await lease(ctx, ex, entry, keep_alive, work)
+
+
+async def _generation(ctx: Router, ex: Exchange, *, chat: bool) -> None:
+    req = await read_json(ex)
+    if req is None:
+        return
+    entry = await model_entry(ctx, ex, req)
+    if entry is None:
+        return
+    ok, keep_alive = await keep_alive_of(ex, req)
+    if not ok:
+        return
+    name = str(req.get("model") or req.get("name"))
+    stream = req.get("stream") is not False
+    empty = not req.get("messages") if chat else not req.get("prompt") and not req.get("suffix")
+    if empty:
+        await _load_or_unload(ctx, ex, entry, chat=chat, name=name, keep_alive=keep_alive)
+        return
+    try:
+        make = chat_request if chat else generate_request
+        child = make(entry.name, req, stream)
+    except BadRequest as exc:
+        await send_error(ex, 400, str(exc))
+        return
+    await _answer(ctx, ex, entry, child, chat=chat, stream=stream, name=name, keep_alive=keep_alive)
+
+
+async def chat(ctx: Router, ex: Exchange) -> None:
+    await _generation(ctx, ex, chat=True)
+
+
+async def generate(ctx: Router, ex: Exchange) -> None:
+    await _generation(ctx, ex, chat=False)
+
+
+async def _embed(ctx: Router, ex: Exchange, key: str) -> None:
+    req = await read_json(ex)
+    if req is None:
+        return
+    entry = await model_entry(ctx, ex, req)
+    if entry is None:
+        return
+    ok, keep_alive = await keep_alive_of(ex, req)
+    if not ok:
+        return
+    try:
+        body, count = embed_request(entry.name, req, key)
+    except BadRequest as exc:
+        await send_error(ex, 400, str(exc))
+        return
+    name = str(req.get("model") or req.get("name"))
+    started = time.monotonic()
+
+    async def work(grant: Grant, waited: float) -> None:
+        vectors: list[Any] = []
+        prompt_n = 0
+        if count:
+            status, parsed = await _fetch_json(ctx, ex, grant, body)
+            if status != 200:
+                await send_error(ex, status, str(parsed))
+                return
+            assert isinstance(parsed, Mapping)
+            data = sorted(parsed.get("data") or [], key=lambda d: d.get("index", 0))
+            vectors = [d.get("embedding") for d in data]
+            prompt_n = int((parsed.get("usage") or {}).get("prompt_tokens") or 0)
+        if key == "prompt":
+            await ex.respond(200, dumps({"embedding": vectors[0] if vectors else []}))
+            return
+        out = {
+            "model": name,
+            "embeddings": vectors,
+            "total_duration": int((time.monotonic() - started) * 1e9),
+            "load_duration": int(waited * 1e9),
+            "prompt_eval_count": prompt_n,
+        }
+        await ex.respond(200, dumps(out))
+
+    await lease(ctx, ex, entry, keep_alive, work)
+
+
+async def _fetch_json(ctx: Router, ex: Exchange, grant: Grant, body: Any) -> tuple[int, Any]:
+    """A whole JSON answer from the child's ``/v1/embeddings``: (200, the document), or
+    (status, the error's message)."""
+    try:
+        upstream = await _post(ctx, ex, grant, "/v1/embeddings", body)
+    except UpstreamError as exc:
+        _observe(ctx, ex, 500)
+        return 500, f"the model's server failed: {exc}"
+    status = upstream.status_code
+    try:
+        raw = await _whole(upstream)
+    except UpstreamError as exc:
+        return 500, f"the model's server closed the connection: {exc}"
+    finally:
+        await _close(upstream)
+        _observe(ctx, ex, status)
+    if status != 200:
+        return status, error_message(status, raw)
+    try:
+        return 200, json.loads(raw)
+    except ValueError:
+        return 500, "unreadable answer from the model's server"
+
+
+async def embed(ctx: Router, ex: Exchange) -> None:
+    await _embed(ctx, ex, "input")
+
+
+async def embeddings(ctx: Router, ex: Exchange) -> None:
+    await _embed(ctx, ex, "prompt")
