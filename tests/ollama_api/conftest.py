@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import ollama
 import pytest
 
 from troupe.demo import assemble_demo_model
@@ -23,9 +22,9 @@ def gemma_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return assemble_demo_model(tmp_path_factory.mktemp("demo-model"))
 
 
-def client(router: RunningRouter, **kwargs: object) -> ollama.AsyncClient:
-    """The official client, pointed at troupe as a user points it at Ollama."""
-    return ollama.AsyncClient(host=router.url, timeout=120, **kwargs)  # type: ignore[arg-type]
+@pytest.fixture(scope="session")
+def gemma_size(gemma_path: Path) -> int:
+    return gemma_path.stat().st_size
 
 
 @pytest.fixture
@@ -48,6 +47,7 @@ def real_router(
             "model": str(tiny_model_dir / "tiny-b.gguf"),
             "ctx-size": "512",
             "embeddings": "true",
+            "pooling": "mean",
         },
     }
 

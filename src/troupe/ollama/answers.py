@@ -60,6 +60,7 @@ class Answer:
         self.content: list[str] = []
         self.thinking: list[str] = []
         self._calls: dict[int, Json] = {}
+        self._calls_sent = False
         self.finish: str | None = None
         self.prompt_n: int | None = None
         self.predicted_n: int | None = None
@@ -132,8 +133,9 @@ class Answer:
                 self.content.append(text)
                 self.thinking.append(thought)
                 out.append(self._piece(text, thought))
-        if self.finish is not None and self._calls:
+        if self.finish is not None and self._calls and not self._calls_sent:
             # Ollama sends a call whole, once its arguments are complete.
+            self._calls_sent = True
             out.append(self._piece(calls=self.tool_calls()))
         return out
 

@@ -4,7 +4,7 @@ with Ollama's status codes), the model a request names, and the lease.
 The lease is the OpenAI routes' own: the same validation (`validate_model`: rejected
 models, ``?autoload=``), the same queue bounded by ``--queue-timeout``
 (`acquire_within`), the same queue-wait metric; ``keep_alive`` goes to the scheduler
-while the lease is held, so the release that follows applies it.
+as soon as the lease is held, so the release that follows applies it.
 """
 
 from __future__ import annotations
@@ -120,12 +120,15 @@ async def lease(
         await send_error(ex, failure.status, failure.message, failure)
         return
     try:
+        if keep_alive is not None:
+            # Set while the lease is held (no TTL runs while a request is in flight), so
+            # the release applies it; in effect before the answer, so a client that asks
+            # /api/ps right after sees it.
+            await ctx.scheduler.keep_alive(grant.model, grant.gen, keep_alive)
         if ctx.fake_timing:
             await trio.sleep(FAKE_TIMING_DELAY)  # counted busy meanwhile, like upstream
         await work(grant, time.monotonic() - started)
     finally:
-        if keep_alive is not None:
-            await ctx.scheduler.keep_alive(grant.model, grant.gen, keep_alive)
         await ctx.scheduler.release(rid)
 
 
