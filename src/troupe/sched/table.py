@@ -78,7 +78,7 @@ class ModelState:
         return self.config.name
 
     def _kept_alive(self) -> float | None:
-        if self.keep_alive is None or self.keep_alive[0] != self.gen:
+        if self.keep_alive is None or self.keep_alive[0] != self.gen or not self.is_running:
             return None
         return self.keep_alive[1]
 

@@ -104,6 +104,7 @@ class World:
         self.clean = True
 
         self.configs: dict[str, ModelConfig] = {}
+        self.kept: dict[str, tuple[int, float]] = {}  # a request's keep_alive: (gen, seconds)
         self.names: list[str] = []
         self.models_max = 0
         self.fake_timing = False
@@ -425,7 +426,7 @@ class World:
             assert s.model not in queued, f"{s} while requests are queued for it"
             assert not self.wanted(s.model, ("acquire",)), f"{s} while requests wait for it"
             if s.cause == StopCause(StopReason.TTL):
-                ttl = self.configs[s.model].ttl
+                ttl = self.ttl_of(s.model)
                 assert ttl is not None, s
                 assert core.table.models[s.model].idle_since + ttl <= self.now, s
                 continue
@@ -559,6 +560,16 @@ class World:
         else:
             assert emitted == []
 
+    def ttl_of(self, name: str) -> float | None:
+        """The TTL in force: a request's keep_alive for the running child, else its config's
+        (a config's pin beats it)."""
+        kept = self.kept.get(name)
+        child = self.children.get(name)
+        config = self.configs[name]
+        if kept is None or config.pin or child is None or kept[0] != child.gen:
+            return config.ttl
+        return kept[1]
+
     def check_no_expired_ttl(self) -> None:
         assert self.core is not None
         deadline = self.core.next_deadline()
@@ -569,4 +580,4 @@ class World:
             if s.cause == StopCause(StopReason.REPLAN):
                 continue  # a narrow child widened after idling (check_stops checks it)
             assert s.cause == StopCause(StopReason.TTL), s
-            assert self.configs[s.model].ttl is not None, s
+            assert self.ttl_of(s.model) is not None, s

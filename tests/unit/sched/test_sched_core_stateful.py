@@ -193,6 +193,17 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         self.step(self.core.release(rid, self.tick()))
         assert self.replies_to(rid) == []
 
+    @precondition(lambda self: self.children)
+    @rule(i=st.integers(0, 50), seconds=st.sampled_from([0.0, 5.0, 60.0]))
+    def keep_alive(self, i: int, seconds: float) -> None:
+        """A request's keep_alive (Ollama's API): the running child's TTL from now on."""
+        assert self.core is not None
+        name = sorted(self.children)[i % len(self.children)]
+        child = self.children[name]
+        self.step(self.core.keep_alive(name, child.gen, seconds, self.tick(0.0)))
+        if child.stop is None:  # a stopping child keeps what it had
+            self.kept[name] = (child.gen, seconds)
+
     @precondition(lambda self: any(a.kind in ("acquire", "load") for a in self.waiting.values()))
     @rule(i=st.integers(0, 50))
     def disconnect_waiter(self, i: int) -> None:
@@ -477,7 +488,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             pos = next((i + 1 for i, e in enumerate(entries) if e.model == name), None)
             assert v.queue_position == pos
             assert v.waiting == (entries[pos - 1].waiters if pos else 0)
-            assert (v.pin, v.ttl) == (self.configs[name].pin, self.configs[name].ttl)
+            assert (v.pin, v.ttl) == (self.configs[name].pin, self.ttl_of(name))
             # The lifecycle phase agrees with the world: a child exactly while running, not
             # started exactly while spawning, a drain only of a model that still serves.
             assert v.phase.is_running == (child is not None), (name, v.phase, child)
