@@ -26,7 +26,6 @@ pytestmark = pytest.mark.engine
 
 CALLS: list[tuple[str, str, dict[str, Any]]] = [
     ("GET", "/health", {}),
-    ("GET", "/", {}),  # this engine build embeds no web UI
     ("GET", "/no/such/route", {}),
     ("POST", "/completion", {"json": {"model": "zz", "prompt": "x"}}),
     ("POST", "/completion", {"json": {"prompt": "x"}}),
@@ -102,6 +101,10 @@ async def test_same_answers_as_the_cpp_router(
             want = await answer(cpp, method, path, kw)
             got = await answer(ours, method, path, kw)
             assert got == want, (method, path)
+        # GET /: this engine build embeds no web UI, so upstream has nothing there (its
+        # JSON 404); troupe answers as Ollama does for clients that probe it (its API).
+        assert await answer(cpp, "GET", "/", {}) == await answer(cpp, "GET", "/no/such", {})
+        assert await answer(ours, "GET", "/", {}) == (200, b"Ollama is running")
 
         want_props = (await cpp.get("/props")).json()
         got_props = (await ours.get("/props")).json()

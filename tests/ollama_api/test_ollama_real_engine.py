@@ -147,6 +147,10 @@ async def test_chat_whole_streamed_and_through_openai_say_the_same(
         last = parts[-1]
         assert (last.done_reason, last.eval_count, last.message.content) == ("length", 12, "")
         assert last.prompt_eval_count == whole.prompt_eval_count
+        # Counted like the OpenAI routes' requests: by route and status, and their waits.
+        metrics = (await http.get("/metrics")).text
+        assert 'troupe_proxied_requests_total{route="/api/chat",status="200"} 2.0' in metrics
+        assert 'troupe_queue_wait_seconds_count{model="gemma",outcome="granted"} 3.0' in metrics
 
 
 async def test_a_tool_call_comes_back_as_ollama_sends_it(real_router: RouterFactory) -> None:
@@ -228,7 +232,9 @@ async def test_structured_output_follows_the_schema(real_router: RouterFactory) 
         assert not free.response.startswith("{")  # what "json" changed
 
 
-async def test_generate_templated_raw_and_streamed(real_router: RouterFactory) -> None:
+async def test_generate_templated_raw_and_streamed(
+    real_router: RouterFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     async with real_router() as router, router.client() as http:
         api = client(router)
         options = {**GREEDY, "num_predict": 8}
@@ -268,6 +274,14 @@ async def test_generate_templated_raw_and_streamed(real_router: RouterFactory) -
             options=options,
         )  # fmt: skip
         assert templated.response == chat.message.content
+        # A load-time option cannot change the running child: a warning line says so.
+        sized = await api.generate(
+            model="gemma", prompt="Say hello.", system="You are terse.",
+            options={**options, "num_ctx": 8192},
+        )  # fmt: skip
+        assert sized.response == templated.response
+        warned = [r.getMessage() for r in caplog.records if r.name == "troupe.ollama"]
+        assert any("options num_ctx ignored" in w for w in warned), warned
 
 
 async def test_embed_and_the_older_embeddings(real_router: RouterFactory) -> None:

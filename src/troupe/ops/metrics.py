@@ -34,6 +34,8 @@ LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 SWAP_WINDOW = 60.0  # seconds: troupe_swaps_per_minute counts the swaps in this window
 _KNOWN_ROUTES = PROXY_POST_PATHS | PROXY_GET_PATHS | {"/props", "/metrics", "/v1/stream"}
+# The Ollama API's routes that reach a child (troupe.ollama), counted like the others.
+_KNOWN_ROUTES |= {"/api/chat", "/api/generate", "/api/embed", "/api/embeddings"}
 
 
 def route_label(path: str, prefix: str) -> str:
