@@ -117,6 +117,18 @@ async def _answer(
 
 async def _stream(ex: Exchange, upstream: UpstreamResponse, answer: Answer) -> None:
     await ex.send(ex.head(200, NDJSON, length=None))
+    try:
+        await _relay_events(ex, upstream, answer)
+    except UpstreamError as exc:
+        # Every chunk sent holds whole lines, so the stream can end with Ollama's error
+        # line (its clients raise it) rather than be cut.
+        log.warning("child connection lost during %s: %s", ex.path, exc)
+        message = f"the model's server closed the connection: {exc}"
+        await _send_lines(ex, [{"error": message}])
+        await ex.send(ex.last_chunk)
+
+
+async def _relay_events(ex: Exchange, upstream: UpstreamResponse, answer: Answer) -> None:
     decoder = SSEDecoder()
     async for chunk in upstream.chunks():
         lines = []
