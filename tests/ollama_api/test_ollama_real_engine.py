@@ -282,6 +282,11 @@ async def test_generate_templated_raw_and_streamed(
         assert sized.response == templated.response
         warned = [r.getMessage() for r in caplog.records if r.name == "troupe.ollama"]
         assert any("options num_ctx ignored" in w for w in warned), warned
+        caplog.clear()
+        await api.generate(  # the context it was started with: nothing to warn about
+            model="gemma", prompt="Say hello.", options={**options, "num_ctx": 2048}
+        )
+        assert not [r for r in caplog.records if r.name == "troupe.ollama"]
 
 
 async def test_embed_and_the_older_embeddings(real_router: RouterFactory) -> None:

@@ -73,10 +73,11 @@ async def _answer(
     ctx: Router, ex: Exchange, entry: ModelEntry, child: ChildRequest, *, chat: bool,
     stream: bool, name: str, keep_alive: float | None,
 ) -> None:  # fmt: skip
-    if child.ignored:
+    ignored = [k for k, v in child.ignored if not _as_started(entry, k, v)]
+    if ignored:
         log.warning(
             "%s: options %s ignored: load-time options are the model's preset (ctx-size, ...)",
-            entry.name, ", ".join(child.ignored),
+            entry.name, ", ".join(ignored),
         )  # fmt: skip
     started = time.monotonic()
 
@@ -113,6 +114,11 @@ async def _answer(
             _observe(ctx, ex, status)
 
     await lease(ctx, ex, entry, keep_alive, work)
+
+
+def _as_started(entry: ModelEntry, option: str, value: Any) -> bool:
+    """A load-time option the child was started with anyway (no warning for it)."""
+    return option == "num_ctx" and entry.preset.get_spelling("--ctx-size") == str(value)
 
 
 async def _stream(ex: Exchange, upstream: UpstreamResponse, answer: Answer) -> None:

@@ -58,7 +58,7 @@ async def ps(ctx: Router, ex: Exchange) -> None:
     out = []
     for entry in ctx.catalog:
         view = snapshot.models.get(entry.name)
-        if view is not None and view.status is Status.LOADED:
+        if view is not None and view.status.is_ready_or_sleeping:
             out.append(ps_item(ctx, entry, view))
     await ex.respond(200, dumps({"models": out}))
 

@@ -81,7 +81,7 @@ class ChildRequest:
     target: str
     body: Json
     kind: str  # "chat" (OpenAI chat chunks) or "completion" (llama.cpp's /completion)
-    ignored: tuple[str, ...] = ()  # load-time options the child cannot take now
+    ignored: tuple[tuple[str, Any], ...] = ()  # load-time options given: (name, value)
 
 
 def _options(req: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -93,7 +93,7 @@ def _options(req: Mapping[str, Any]) -> Mapping[str, Any]:
     return options
 
 
-def sampling(req: Mapping[str, Any], max_key: str) -> tuple[Json, tuple[str, ...]]:
+def sampling(req: Mapping[str, Any], max_key: str) -> tuple[Json, tuple[tuple[str, Any], ...]]:
     """The child's sampling parameters from ``options`` (``num_predict`` as ``max_key``),
     and the load-time options that were given and cannot apply."""
     options = _options(req)
@@ -105,7 +105,9 @@ def sampling(req: Mapping[str, Any], max_key: str) -> tuple[Json, tuple[str, ...
             out[_SAMPLING[key]] = value
         elif key == "num_predict" and isinstance(value, int) and value >= 0:
             out[max_key] = value  # -1 (no limit) and -2 (fill the context): the default
-    ignored = tuple(sorted(k for k in options if k in LOAD_OPTIONS and options[k] is not None))
+    ignored = tuple(
+        sorted((k, v) for k, v in options.items() if k in LOAD_OPTIONS and v is not None)
+    )
     return out, ignored
 
 

@@ -107,7 +107,7 @@ def test_a_chat_becomes_the_childs_chat_completion() -> None:
     assert body["response_format"] == {"type": "json_schema", "json_schema": schema}
     assert body["reasoning_format"] == "deepseek"
     assert body["stream_options"] == {"include_usage": True}
-    assert child.ignored == ("num_ctx",)  # a load-time option: warned about, not sent
+    assert child.ignored == (("num_ctx", 8192),)  # a load-time option: warned about, not sent
     assert "num_ctx" not in body
     assert "n_ctx" not in body
     assert chat_request("m", {"messages": [], "format": "json"}, False).body["response_format"] == {

@@ -12,7 +12,7 @@ has no Ollama API, so it has no column here). Then prints:
   (its process's user + system time over the response);
 * the ratios /api/chat over /v1/chat/completions.
 
-    .venv/bin/python bench/ollama.py [--quick] [--rounds N] [--tokens N]
+    .venv/bin/python bench/ollama_api.py [--quick] [--rounds N] [--tokens N]
 """
 
 from __future__ import annotations
