@@ -1,8 +1,11 @@
-"""Faults the real engine will not produce on demand, through the Ollama API: a child
-that dies mid-answer (the fake engine's ``crash-after``). The client talking is the
-official ``ollama`` client; the fake engine only injects the fault."""
+"""What the real engine will not do on demand, through the Ollama API: a child that
+dies mid-answer (the fake engine's ``crash-after``), a load slow enough to fill the
+queue (``load-time``). The client talking is the official ``ollama`` client; the fake
+engine only injects the fault. The same queue, limits and CORS as the OpenAI routes."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import ollama
 import pytest
@@ -38,3 +41,65 @@ async def test_a_child_that_dies_mid_stream_ends_it_with_ollamas_error_line(
                 await router.ctx.scheduler.wait_until(lambda s: s.models["a"].in_flight == 0)
         finally:
             await api.close()
+
+
+async def test_the_queue_limits_and_timeout_answer_in_ollamas_shape(
+    fake_router: RouterFactory,
+) -> None:
+    sections = {"slow": {"fake-load-time": "30"}, "b": {}}
+    async with fake_router(sections, "--queue-max", "1", "--queue-timeout", "1") as router:
+        api = ollama.AsyncClient(host=router.url, timeout=60)
+        try:
+            async with trio.open_nursery() as nursery:
+                timed_out: list[ollama.ResponseError] = []
+
+                async def first() -> None:
+                    try:
+                        await api.generate(model="slow", prompt="x")
+                    except ollama.ResponseError as exc:
+                        timed_out.append(exc)
+
+                nursery.start_soon(first)
+                with trio.fail_after(10):
+                    await router.ctx.scheduler.wait_until(lambda s: s.models["slow"].waiting == 1)
+                with pytest.raises(ollama.ResponseError) as full:
+                    await api.chat(model="b", messages=[{"role": "user", "content": "x"}])
+                assert full.value.status_code == 503
+                assert "--queue-max 1" in full.value.error
+            (late,) = timed_out
+            assert late.status_code == 503
+            assert "timed out after 1 s waiting for model slow" in late.error
+            assert router.ctx.scheduler.snapshot.models["slow"].waiting == 0
+        finally:
+            await api.close()
+
+
+async def test_cors_and_a_client_that_leaves_the_queue(fake_router: RouterFactory) -> None:
+    async with (
+        fake_router({"slow": {"fake-load-time": "30"}}) as router,
+        router.client() as http,
+    ):
+        origin = {"Origin": "http://example.org"}
+        tags = await http.get("/api/tags", headers=origin)
+        openai = await http.get("/v1/models", headers=origin)
+        assert tags.headers["access-control-allow-origin"] == "http://example.org"
+        assert (
+            tags.headers["access-control-allow-origin"]
+            == (openai.headers["access-control-allow-origin"])
+        )
+        pre = await http.options(
+            "/api/chat",
+            headers={"Origin": "http://example.org", "Access-Control-Request-Method": "POST"},
+        )
+        assert pre.status_code == 200
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        scheduler = router.ctx.scheduler
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                partial(http.post, "/api/generate", json={"model": "slow", "prompt": "x"})
+            )
+            with trio.fail_after(10):
+                await scheduler.wait_until(lambda s: s.models["slow"].waiting == 1)
+            nursery.cancel_scope.cancel()  # the client gives up while the model loads
+        with trio.fail_after(10):  # its wait left the queue
+            await scheduler.wait_until(lambda s: s.models["slow"].waiting == 0)
