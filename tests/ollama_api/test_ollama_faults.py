@@ -5,12 +5,14 @@ engine only injects the fault. The same queue, limits and CORS as the OpenAI rou
 
 from __future__ import annotations
 
+import json
 from functools import partial
 
 import ollama
 import pytest
 import trio
 
+from troupe.service import shutdown
 from troupe_rig.router import RouterFactory
 
 
@@ -103,3 +105,29 @@ async def test_cors_and_a_client_that_leaves_the_queue(fake_router: RouterFactor
             nursery.cancel_scope.cancel()  # the client gives up while the model loads
         with trio.fail_after(10):  # its wait left the queue
             await scheduler.wait_until(lambda s: s.models["slow"].waiting == 0)
+
+
+async def test_a_stream_cut_by_shutdown_ends_with_an_error_line(fake_router: RouterFactory) -> None:
+    lines: list[dict[str, object]] = []
+    body = {"model": "a", "messages": [{"role": "user", "content": "x"}],
+            "options": {"num_predict": 10_000}}  # fmt: skip
+    async with (
+        fake_router({"a": {"fake-tps": "20"}}, "--drain-timeout", "0.2") as router,
+        router.client() as http,
+        trio.open_nursery() as nursery,
+    ):
+        first = trio.Event()
+
+        async def read() -> None:
+            async with http.stream("POST", "/api/chat", json=body) as resp:
+                async for line in resp.aiter_lines():
+                    lines.append(json.loads(line))
+                    first.set()
+
+        nursery.start_soon(read)
+        with trio.fail_after(10):
+            await first.wait()
+        with trio.fail_after(30):
+            await shutdown(router.ctx)  # past the drain: the stream is cut, with a last word
+    assert lines[-1] == {"error": "the router is shutting down"}
+    assert all(line["done"] is False for line in lines[:-1])

@@ -125,6 +125,10 @@ async def _stream(ex: Exchange, upstream: UpstreamResponse, answer: Answer) -> N
     await ex.send(ex.head(200, NDJSON, length=None))
     try:
         await _relay_events(ex, upstream, answer)
+    except trio.Cancelled:
+        if ex.server_stopping:
+            await _last_word(ex)
+        raise
     except UpstreamError as exc:
         # Every chunk sent holds whole lines, so the stream can end with Ollama's error
         # line (its clients raise it) rather than be cut.
@@ -132,6 +136,17 @@ async def _stream(ex: Exchange, upstream: UpstreamResponse, answer: Answer) -> N
         message = f"the model's server closed the connection: {exc}"
         await _send_lines(ex, [{"error": message}])
         await ex.send(ex.last_chunk)
+
+
+async def _last_word(ex: Exchange) -> None:
+    """The router stops (past --drain-timeout): end the stream with an error line, as
+    the relay ends an SSE stream with an error event."""
+    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
+        try:
+            await _send_lines(ex, [{"error": "the router is shutting down"}])
+            await ex.send(ex.last_chunk)
+        except Exception:  # the client may be gone too
+            return
 
 
 async def _relay_events(ex: Exchange, upstream: UpstreamResponse, answer: Answer) -> None:
