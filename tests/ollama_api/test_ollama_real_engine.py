@@ -81,6 +81,7 @@ async def test_catalogue_version_and_root_as_ollama_lists_them(
 
         shown = await api.show("gemma")
         assert shown.capabilities == ["completion"]  # its own template has no tools
+        assert shown.template == ""  # the demo GGUF carries none (the engine has its own)
         assert shown.modelinfo is not None
         assert shown.modelinfo["general.architecture"] == "gemma3"
         assert shown.modelinfo["general.parameter_count"] == 268098176

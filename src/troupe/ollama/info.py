@@ -18,12 +18,12 @@ from typing import Any
 import trio
 
 from troupe.catalog import ModelEntry
-from troupe.gguf import ModelFacts
+from troupe.gguf import GGUFError, ModelFacts, read_header
 from troupe.ollama.names import listed_name
 from troupe.router import Router
 from troupe.sched import ModelView
 
-__all__ = ["capabilities", "ps_item", "show_json", "tags_item"]
+__all__ = ["capabilities", "chat_template", "ps_item", "show_json", "tags_item"]
 
 Json = dict[str, Any]
 _FOREVER = "2318-01-01T00:00:00Z"  # Ollama's answer for a model kept loaded (keep_alive -1)
@@ -103,23 +103,29 @@ def _flag(entry: ModelEntry, *spellings: str) -> bool:
     return False
 
 
-def _template_file(ctx: Router, entry: ModelEntry) -> str | None:
+def chat_template(ctx: Router, entry: ModelEntry) -> str | None:
+    """The chat template the child uses: its preset's ``chat-template-file``, else the
+    GGUF's own (a header read: call it in a thread)."""
     path = entry.preset.get_spelling("--chat-template-file")
-    if not path:
-        return None
     try:
-        return (ctx.catalog.cwd / Path(path)).read_text(errors="replace")
-    except OSError:
-        return None
+        if path:
+            return (ctx.catalog.cwd / Path(path)).read_text(errors="replace")
+        if entry.model_path is not None:
+            header = read_header(entry.model_path, check_data=False)
+            return header.get_str("tokenizer.chat_template")
+    except (OSError, GGUFError):
+        pass
+    return None
 
 
-def capabilities(ctx: Router, entry: ModelEntry, view: ModelView | None) -> list[str]:
+def capabilities(
+    ctx: Router, entry: ModelEntry, view: ModelView | None, template: str | None
+) -> list[str]:
     """Ollama's capabilities: completion or embedding, tools (the chat template handles
     them), vision (a projector), thinking (the template reasons)."""
     facts = _facts(ctx, entry)
     embedding = _flag(entry, "--embeddings", "--embedding") or bool(facts and facts.is_embedding)
     caps = ["embedding"] if embedding else ["completion"]
-    template = _template_file(ctx, entry)
     if template is not None:
         tools = "tools" in template
     else:
@@ -161,11 +167,10 @@ def _model_info(facts: ModelFacts | None) -> Json:
     return info
 
 
-def show_json(ctx: Router, entry: ModelEntry) -> Json:
+def show_json(ctx: Router, entry: ModelEntry, template: str | None) -> Json:
     view = ctx.scheduler.snapshot.models.get(entry.name)
     facts = _facts(ctx, entry)
     _, mtime = _file(entry)
-    template = _template_file(ctx, entry) or ""
     path = entry.model_path or ""
     modelfile = (
         f"# troupe serves {entry.name} (Ollama API); its preset:\n"
@@ -175,10 +180,10 @@ def show_json(ctx: Router, entry: ModelEntry) -> Json:
     return {
         "modelfile": modelfile,
         "parameters": "",
-        "template": template,
+        "template": template or "",
         "details": _details(facts),
         "model_info": _model_info(facts),
-        "capabilities": capabilities(ctx, entry, view),
+        "capabilities": capabilities(ctx, entry, view, template),
         "modified_at": _rfc3339(mtime),
     }
 

@@ -16,7 +16,7 @@ from troupe.errors import ConfigError
 from troupe.http.models_json import settled_downloads
 from troupe.http.server.exchange import Exchange
 from troupe.ollama.common import NDJSON, NDJSON_TYPE, model_entry, read_json, send_error
-from troupe.ollama.info import ps_item, show_json, tags_item
+from troupe.ollama.info import chat_template, ps_item, show_json, tags_item
 from troupe.ollama.names import resolve
 from troupe.router import Router
 from troupe.sched import Status
@@ -69,7 +69,8 @@ async def show(ctx: Router, ex: Exchange) -> None:
         return
     entry = await model_entry(ctx, ex, req)
     if entry is not None:
-        await ex.respond(200, dumps(show_json(ctx, entry)))
+        template = await trio.to_thread.run_sync(chat_template, ctx, entry)
+        await ex.respond(200, dumps(show_json(ctx, entry, template)))
 
 
 async def delete(ctx: Router, ex: Exchange) -> None:
