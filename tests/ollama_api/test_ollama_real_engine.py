@@ -422,7 +422,7 @@ async def test_pull_streams_progress_then_the_model_serves_and_deletes(
 ) -> None:
     file = tiny_files["m-Q4_K_M.gguf"]
     size = file.stat().st_size
-    hub.add_repo("org/tiny", {"m-Q4_K_M.gguf": file})
+    hub.add_repo("org/tiny", {"m-Q4_K_M.gguf": file, "m-Q8_0.gguf": tiny_files["m-Q8_0.gguf"]})
     async with real_router(environ=hub_env(hub, tmp_path / "cache")) as router:
         api = client(router)
         parts = [p async for p in await api.pull("org/tiny:Q4_K_M", stream=True)]
@@ -444,6 +444,14 @@ async def test_pull_streams_progress_then_the_model_serves_and_deletes(
         assert answer.eval_count == 2  # org/repo means the repository's one model
         again = await api.pull("org/tiny:Q4_K_M")  # there already
         assert again.status == "success"
+
+        # Ollama's own name for a Hugging Face model: hf.co/org/repo:TAG.
+        other = await api.pull("hf.co/org/tiny:Q8_0")
+        assert other.status == "success"
+        assert "org/tiny:Q8_0" in [m.model for m in (await api.list()).models]
+        shown = await api.show("hf.co/org/tiny:Q8_0")
+        assert shown.modelfile is not None
+        assert shown.modelfile.startswith("# troupe serves org/tiny:Q8_0 ")
 
         deleted = await api.delete("org/tiny:Q4_K_M")
         assert deleted.status == "success"

@@ -17,7 +17,7 @@ from troupe.http.models_json import settled_downloads
 from troupe.http.server.exchange import Exchange
 from troupe.ollama.common import NDJSON, NDJSON_TYPE, model_entry, read_json, send_error
 from troupe.ollama.info import chat_template, ps_item, show_json, tags_item
-from troupe.ollama.names import resolve
+from troupe.ollama.names import hub_name, resolve
 from troupe.router import Router
 from troupe.sched import Status
 
@@ -124,6 +124,7 @@ async def pull(ctx: Router, ex: Exchange) -> None:
     if not isinstance(name, str) or not name:
         await send_error(ex, 400, "model is required")
         return
+    name = hub_name(name)  # hf.co/org/repo:TAG is org/repo:TAG
     stream = req.get("stream") is not False
     if resolve(ctx.catalog, name) is not None and name not in ctx.scheduler.snapshot.downloads:
         await _finish(ex, stream, [{"status": "pulling manifest"}, {"status": "success"}])

@@ -59,7 +59,10 @@ CATALOG = Catalog(
         ("gemma:chat", "gemma"), ("gemma:code", None), ("org/repo:Q4_K_M", "org/repo:Q4_K_M"),
         ("org/repo", "org/repo:Q4_K_M"), ("org/repo:latest", "org/repo:Q4_K_M"),
         ("org/two", None), ("org/two:Q8_0", "org/two:Q8_0"), ("llama:7b", "llama:7b"),
-        ("llama", None), ("nope", None), ("", None),
+        ("llama", None), ("nope", None), ("", None), ("GEMMA", "gemma"), ("Gemma:Latest", "gemma"),
+        ("G3:CHAT", "gemma"), ("hf.co/org/repo:Q4_K_M", "org/repo:Q4_K_M"),
+        ("hf.co/org/repo", "org/repo:Q4_K_M"), ("huggingface.co/org/two:Q8_0", "org/two:Q8_0"),
+        ("ORG/REPO:q4_k_m", "org/repo:Q4_K_M"), ("hf.co/nope/nope", None),
     ],
 )  # fmt: skip
 def test_names_map_to_the_catalogue(asked: str, found: str | None) -> None:
