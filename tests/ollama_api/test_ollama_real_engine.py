@@ -251,6 +251,15 @@ async def test_generate_templated_raw_and_streamed(
                   **GREEDY},
         )  # fmt: skip
         assert raw.response == native.json()["content"]  # the same text as llama.cpp's own
+        # options reach the child under llama.cpp's names: a stop string ends the answer.
+        word = raw.response.split()[1]
+        stopped = await api.generate(
+            model="gemma", prompt="The capital of France is", raw=True,
+            options={**options, "stop": [word]},
+        )  # fmt: skip
+        assert stopped.done_reason == "stop"
+        assert word not in stopped.response
+        assert raw.response.startswith(stopped.response)
         parts = [
             p
             async for p in await api.generate(
@@ -291,7 +300,7 @@ async def test_generate_templated_raw_and_streamed(
 
 
 async def test_embed_and_the_older_embeddings(real_router: RouterFactory) -> None:
-    async with real_router() as router:
+    async with real_router() as router, router.client() as http:
         api = client(router)
         out = await api.embed(model="tiny-embed", input=["why is the sky blue?", "grass"])
         assert len(out.embeddings) == 2
@@ -306,6 +315,8 @@ async def test_embed_and_the_older_embeddings(real_router: RouterFactory) -> Non
         assert one.embeddings == [out.embeddings[1]]
         older = await api.embeddings(model="tiny-embed", prompt="grass")
         assert list(older.embedding) == list(out.embeddings[1])
+        openai = await http.post("/v1/embeddings", json={"model": "tiny-embed", "input": "grass"})
+        assert openai.json()["data"][0]["embedding"] == list(out.embeddings[1])  # the same
 
 
 async def test_keep_alive_unloads_pins_and_sets_the_idle_timeout(
