@@ -148,10 +148,18 @@ async def test_chat_whole_streamed_and_through_openai_say_the_same(
         last = parts[-1]
         assert (last.done_reason, last.eval_count, last.message.content) == ("length", 12, "")
         assert last.prompt_eval_count == whole.prompt_eval_count
+        # think: the child takes it (a model that does not reason answers the same).
+        for think in (True, False):
+            thought = await api.chat(
+                model="gemma", messages=messages, options={**GREEDY, "num_predict": 12},
+                think=think, stream=False,
+            )  # fmt: skip
+            assert thought.message.content == whole.message.content
+            assert not thought.message.thinking
         # Counted like the OpenAI routes' requests: by route and status, and their waits.
         metrics = (await http.get("/metrics")).text
-        assert 'troupe_proxied_requests_total{route="/api/chat",status="200"} 2.0' in metrics
-        assert 'troupe_queue_wait_seconds_count{model="gemma",outcome="granted"} 3.0' in metrics
+        assert 'troupe_proxied_requests_total{route="/api/chat",status="200"} 4.0' in metrics
+        assert 'troupe_queue_wait_seconds_count{model="gemma",outcome="granted"} 5.0' in metrics
 
 
 async def test_a_tool_call_comes_back_as_ollama_sends_it(real_router: RouterFactory) -> None:
