@@ -131,3 +131,31 @@ async def test_a_stream_cut_by_shutdown_ends_with_an_error_line(fake_router: Rou
             await shutdown(router.ctx)  # past the drain: the stream is cut, with a last word
     assert lines[-1] == {"error": "the router is shutting down"}
     assert all(line["done"] is False for line in lines[:-1])
+
+
+async def test_bad_requests_get_ollamas_400_never_a_traceback(fake_router: RouterFactory) -> None:
+    async with fake_router({"a": {}}) as router, router.client() as http:
+        cases = [
+            ("POST", "/api/chat", b"{not json"),
+            ("POST", "/api/chat", b"[1, 2]"),
+            ("POST", "/api/chat", b'{"messages": []}'),
+            ("POST", "/api/chat", b'{"model": "a", "messages": "hi"}'),
+            ("POST", "/api/chat", b'{"model": "a", "messages": [{"role": "user"}], "format": 7}'),
+            ("POST", "/api/generate", b'{"model": "a", "prompt": 5}'),
+            ("POST", "/api/generate", b'{"model": "a", "prompt": "x", "keep_alive": "soon"}'),
+            ("POST", "/api/generate", b'{"model": "a", "prompt": "x", "options": [1]}'),
+            ("POST", "/api/embed", b'{"model": "a", "input": [1]}'),
+            ("POST", "/api/show", b"{}"),
+            ("DELETE", "/api/delete", b""),
+            ("POST", "/api/pull", b'{"model": "llama3.2"}'),
+            ("POST", "/api/pull", b'{"model": ""}'),
+        ]
+        for method, path, body in cases:
+            resp = await http.request(method, path, content=body)
+            assert resp.status_code == 400, (path, body, resp.text)
+            error = resp.json()["error"]
+            assert isinstance(error, str), (path, body)
+            assert error, (path, body)
+        pull = await http.post("/api/pull", json={"model": "llama3.2"})
+        assert "org/repo[:TAG]" in pull.json()["error"]
+        assert router.snapshot.running == 0  # none of it loaded anything
