@@ -7,7 +7,7 @@ from typing import Any
 import trio
 
 from troupe.catalog import ModelEntry
-from troupe.catalog.facts import facts_json
+from troupe.catalog.facts import facts_json, file_bytes
 from troupe.hardware.cpus import format_cpus
 from troupe.hardware.feasibility import feasibility
 from troupe.router import Router
@@ -129,7 +129,10 @@ def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict
         for key, value in view.loaded_info.items():
             item.setdefault(key, value)
     extras = _extras(view, now)
-    extras["gguf"] = facts_json(ctx.facts.facts(entry.model_path))
+    facts = ctx.facts.facts(entry.model_path)
+    extras["gguf"] = facts_json(facts)
+    if extras["gguf"] is not None and "error" not in extras["gguf"]:
+        extras["gguf"]["file_bytes"] = file_bytes(entry.model_path, facts)
     extras["memory"] = _memory(ctx, view)
     item[EXTRA_KEY] = extras
     return item
