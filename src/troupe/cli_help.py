@@ -98,6 +98,10 @@ troupe's own:
                             wider child is started again narrower); a child's own
                             --threads/--cpu-range/--cpu-mask are kept (default: auto;
                             off: the engine's defaults, as llama.cpp's router)
+  --access-log on|off       one line per proxied request (model, status, waits, time
+                            to first token, tokens, tokens/s, bytes; text or JSON as
+                            --log-format); GET /troupe/requests keeps the recent ones
+                            either way (default: off)
   --models-memory-margin MIB
                             keep this much free on every device (default: 1024; off)
   --max-body-mib N, --ws-max-message-mib N

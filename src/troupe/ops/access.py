@@ -1,0 +1,155 @@
+"""One record per proxied request: the access log line, the recent-requests ring and the
+per-model request metrics all read the same `AccessRecord`.
+
+The request path fills an `AccessRecord` as the request goes (its wait for the model,
+then the relay's figures: status, first byte, bytes, and the child's own ``usage`` and
+``timings`` read from the tail of its answer) and hands it to `RequestLog.record` once,
+when the request ends, whatever the outcome. The ring is bounded; the log line is
+written only with ``--access-log on``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+
+__all__ = ["AccessRecord", "RequestLog", "read_usage"]
+
+log = logging.getLogger("troupe.access")
+
+RING_SIZE = 512  # recent requests kept for GET /troupe/requests and the dashboard
+_DECODER = json.JSONDecoder()
+
+
+@attrs.define(slots=True)
+class AccessRecord:
+    """What one proxied request did; times in seconds from its arrival."""
+
+    time: float  # wall clock (epoch seconds) of its arrival
+    client: str
+    method: str
+    path: str
+    route: str  # the bounded route label (metrics)
+    model: str = ""
+    status: int = 0
+    queue_wait: float | None = None  # waiting for a slot (or in the queue)
+    load_wait: float | None = None  # waiting for the model's child to load
+    ttfb: float | None = None  # the answer's first byte went to the client
+    ttft: float | None = None  # a stream's first event after its head (first token)
+    duration: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    tokens_per_second: float | None = None  # the child's own generation speed
+    bytes_in: int = 0
+    bytes_out: int = 0
+    stream: bool = False
+    catalogued: bool = False  # ``model`` is the catalogue's name (else what was asked)
+    conversation: str | None = None
+    error: str | None = None  # why it failed, when it did
+
+    def to_json(self) -> dict[str, Any]:
+        out = attrs.asdict(self)
+        for key in ("queue_wait", "load_wait", "ttfb", "ttft", "duration", "tokens_per_second"):
+            value = out[key]
+            if value is not None:
+                out[key] = round(value, 4)
+        return out
+
+    def text(self) -> str:
+        """The access log's text form: one line, ``key=value`` after the request line."""
+        parts = [f'{self.client} "{self.method} {self.path}" {self.status}']
+        parts.append(f"model={self.model or '-'}")
+        for key, value in (
+            ("queue", self.queue_wait),
+            ("load", self.load_wait),
+            ("ttfb", self.ttfb),
+            ("ttft", self.ttft),
+            ("duration", self.duration),
+        ):
+            if value is not None:
+                parts.append(f"{key}={value * 1000:.1f}ms")
+        if self.prompt_tokens is not None or self.completion_tokens is not None:
+            parts.append(f"tokens={self.prompt_tokens or 0}+{self.completion_tokens or 0}")
+        if self.tokens_per_second is not None:
+            parts.append(f"tps={self.tokens_per_second:.1f}")
+        parts.append(f"bytes={self.bytes_in}/{self.bytes_out}")
+        if self.conversation:
+            parts.append(f"conv={self.conversation}")
+        if self.error:
+            parts.append(f"error={json.dumps(self.error)}")
+        return " ".join(parts)
+
+
+def _object_after(tail: bytes, key: bytes) -> dict[str, Any] | None:
+    """The JSON object that follows the last ``"key":`` in ``tail``, or None."""
+    at = tail.rfind(b'"' + key + b'"')
+    if at < 0:
+        return None
+    start = tail.find(b"{", at)
+    if start < 0:
+        return None
+    try:
+        value, _ = _DECODER.raw_decode(tail[start:].decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _int(obj: dict[str, Any] | None, key: str) -> int | None:
+    value = obj.get(key) if obj is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def read_usage(tail: bytes, record: AccessRecord) -> None:
+    """The child's ``usage`` and ``timings`` (llama-server puts both in a JSON answer
+    and in a stream's last event), from the last bytes of its answer."""
+    if b'"timings"' not in tail and b'"usage"' not in tail:
+        return
+    usage = _object_after(tail, b"usage")
+    timings = _object_after(tail, b"timings")
+    prompt = _int(usage, "prompt_tokens") or _int(usage, "input_tokens")
+    completion = _int(usage, "completion_tokens") or _int(usage, "output_tokens")
+    if timings is not None:
+        prompt = prompt if prompt is not None else _int(timings, "prompt_n")
+        completion = completion if completion is not None else _int(timings, "predicted_n")
+        speed = timings.get("predicted_per_second")
+        if isinstance(speed, int | float) and not isinstance(speed, bool) and speed > 0:
+            record.tokens_per_second = float(speed)
+    record.prompt_tokens = prompt
+    record.completion_tokens = completion
+
+
+class RequestLog:
+    """The recent requests (a bounded ring), the access log line, and whoever else
+    wants each record as it ends (the metrics)."""
+
+    def __init__(self, *, enabled: bool = False, size: int = RING_SIZE) -> None:
+        self.enabled = enabled  # --access-log: one log line per request
+        self._ring: collections.deque[AccessRecord] = collections.deque(maxlen=size)
+        self._listeners: list[Callable[[AccessRecord], None]] = []
+
+    def add_listener(self, listener: Callable[[AccessRecord], None]) -> None:
+        self._listeners.append(listener)
+
+    def record(self, rec: AccessRecord) -> None:
+        self._ring.append(rec)
+        for listener in self._listeners:
+            listener(rec)
+        if self.enabled:
+            log.info("%s", rec.text(), extra={"model": rec.model or None, "access": rec})
+
+    def recent(self, model: str | None = None, limit: int | None = None) -> Iterator[AccessRecord]:
+        """Newest first; only ``model``'s when given."""
+        count = 0
+        for rec in reversed(self._ring):
+            if model and rec.model != model:
+                continue
+            if limit is not None and count >= limit:
+                return
+            count += 1
+            yield rec
