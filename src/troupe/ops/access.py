@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
+import trio
 
 __all__ = ["AccessRecord", "RequestLog", "read_usage"]
 
@@ -132,6 +133,7 @@ class RequestLog:
         self.enabled = enabled  # --access-log: one log line per request
         self._ring: collections.deque[AccessRecord] = collections.deque(maxlen=size)
         self._listeners: list[Callable[[AccessRecord], None]] = []
+        self._recorded = trio.Event()  # set (and replaced) at each record
 
     def add_listener(self, listener: Callable[[AccessRecord], None]) -> None:
         self._listeners.append(listener)
@@ -142,6 +144,17 @@ class RequestLog:
             listener(rec)
         if self.enabled:
             log.info("%s", rec.text(), extra={"model": rec.model or None, "access": rec})
+        if self._recorded.statistics().tasks_waiting:
+            self._recorded.set()
+            self._recorded = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[AccessRecord], bool]) -> AccessRecord:
+        """The newest record that matches ``predicate``, waiting for it (no polling)."""
+        while True:
+            found = next((r for r in self.recent() if predicate(r)), None)
+            if found is not None:
+                return found
+            await self._recorded.wait()
 
     def recent(self, model: str | None = None, limit: int | None = None) -> Iterator[AccessRecord]:
         """Newest first; only ``model``'s when given."""
