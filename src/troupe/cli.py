@@ -55,6 +55,10 @@ def _main(args: list[str]) -> int:
         from troupe.commands.models import run_models  # noqa: PLC0415  (keeps start-up lean)
 
         return run_models(rest)
+    if command == "ps":
+        from troupe.commands.ps import run_ps  # noqa: PLC0415
+
+        return run_ps(rest)
     if command == "doctor":
         from troupe.commands.doctor import run_doctor  # noqa: PLC0415
 

@@ -119,6 +119,7 @@ async def serve_router(
     """Scheduler + HTTP server; reports the bound URLs once listening."""
     async with trio.open_nursery() as nursery:
         await nursery.start(router.scheduler.run)
+        nursery.start_soon(router.requests.write_lines)  # the access log (--access-log on)
         urls = await nursery.start(partial(serve_http, router, websocket=serve_realtime))
         router.ready = True  # upstream: ready right after binding, before startup loads
         for url in urls:

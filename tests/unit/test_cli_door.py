@@ -178,3 +178,10 @@ def test_import_into_missing_dir_names_the_flag(tmp_path: Path) -> None:
     done = run_troupe("import", str(tmp_path / "m.gguf"), "--models-dir", str(tmp_path / "d"))
     assert_one_line_error(done, f"--models-dir {tmp_path / 'd'}", "does not exist")
     assert "error: error:" not in done.stderr
+
+
+def test_serve_help_mentions_config() -> None:
+    done = run_troupe("serve", "--help")
+    assert done.returncode == 0
+    assert "--config PATH" in done.stdout
+    assert "--access-log on|off" in done.stdout

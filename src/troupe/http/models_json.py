@@ -129,6 +129,10 @@ def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict
         for key, value in view.loaded_info.items():
             item.setdefault(key, value)
     extras = _extras(view, now)
+    if view is not None:
+        up = ctx.metrics.up_since.get(entry.name) if view.status.is_running else None
+        extras["up_seconds"] = round(now - up, 1) if up is not None else None
+        extras["idle_seconds"] = round(now - view.last_used, 1) if view.last_used else None
     facts = ctx.facts.facts(entry.model_path)
     extras["gguf"] = facts_json(facts)
     if extras["gguf"] is not None and "error" not in extras["gguf"]:

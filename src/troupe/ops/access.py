@@ -24,6 +24,8 @@ __all__ = ["AccessRecord", "RequestLog", "read_usage"]
 log = logging.getLogger("troupe.access")
 
 RING_SIZE = 512  # recent requests kept for GET /troupe/requests and the dashboard
+PENDING_MAX = 10_000  # access lines not yet written (beyond: the oldest are dropped)
+WRITE_EVERY = 0.05  # seconds: lines go out in batches, one write each, off the request path
 _DECODER = json.JSONDecoder()
 
 
@@ -134,6 +136,8 @@ class RequestLog:
         self._ring: collections.deque[AccessRecord] = collections.deque(maxlen=size)
         self._listeners: list[Callable[[AccessRecord], None]] = []
         self._recorded = trio.Event()  # set (and replaced) at each record
+        self._pending: collections.deque[AccessRecord] = collections.deque(maxlen=PENDING_MAX)
+        self._wake = trio.Event()
 
     def add_listener(self, listener: Callable[[AccessRecord], None]) -> None:
         self._listeners.append(listener)
@@ -143,7 +147,8 @@ class RequestLog:
         for listener in self._listeners:
             listener(rec)
         if self.enabled:
-            log.info("%s", rec.text(), extra={"model": rec.model or None, "access": rec})
+            self._pending.append(rec)
+            self._wake.set()
         if self._recorded.statistics().tasks_waiting:
             self._recorded.set()
             self._recorded = trio.Event()
@@ -156,6 +161,40 @@ class RequestLog:
                 return found
             await self._recorded.wait()
 
+    async def write_lines(self) -> None:
+        """Write the access lines as they come, a batch per ``WRITE_EVERY`` (run it in
+        the service's nursery; without it, lines wait in a bounded buffer)."""
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                await trio.sleep(WRITE_EVERY)  # let a burst gather: one write for all of it
+                self.flush()
+        finally:
+            self.flush()  # the last requests' lines, as the service stops
+
+    def flush(self) -> None:
+        """Write every pending line now, through the ``troupe.access`` logger's handlers:
+        troupe's own stream handler gets the batch in one write, others each record."""
+        if not self._pending or not log.isEnabledFor(logging.INFO):
+            self._pending.clear()
+            return
+        batch = [_log_record(rec) for rec in self._pending]
+        self._pending.clear()
+        for handler in _handlers(log):
+            if type(handler) is logging.StreamHandler and not handler.filters:
+                text = "".join(handler.format(r) + handler.terminator for r in batch)
+                handler.acquire()
+                try:
+                    handler.stream.write(text)
+                    handler.flush()
+                finally:
+                    handler.release()
+            else:
+                for record in batch:
+                    if record.levelno >= handler.level:
+                        handler.handle(record)
+
     def recent(self, model: str | None = None, limit: int | None = None) -> Iterator[AccessRecord]:
         """Newest first; only ``model``'s when given."""
         count = 0
@@ -166,3 +205,23 @@ class RequestLog:
                 return
             count += 1
             yield rec
+
+
+def _log_record(rec: AccessRecord) -> logging.LogRecord:
+    # makeRecord, not log.info: no caller lookup, which costs more than the line itself.
+    record = log.makeRecord(log.name, logging.INFO, "", 0, rec.text(), (), None)
+    record.model = rec.model or None
+    record.access = rec
+    return record
+
+
+def _handlers(logger: logging.Logger) -> list[logging.Handler]:
+    """The handlers a record of ``logger`` reaches, as `Logger.callHandlers` walks them."""
+    found: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        found += current.handlers
+        if not current.propagate:
+            break
+        current = current.parent
+    return found

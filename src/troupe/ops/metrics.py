@@ -171,6 +171,7 @@ class RouterMetrics:
         )
         ProcessCollector(registry=reg)  # troupe's own CPU, memory and open fds
         self._loading: dict[str, float] = {}  # model -> when its load started
+        self.up_since: dict[str, float] = {}  # model -> when its child became ready
 
     # ----- the scheduler's events (Scheduler.add_listener) -------------------------------
 
@@ -183,9 +184,11 @@ class RouterMetrics:
             case StatusChanged(model=model, status=Status.LOADED):
                 started = self._loading.pop(model, None)
                 if started is not None:  # a wake from sleep reports "loaded" too: not a load
+                    self.up_since[model] = now
                     self.loads.labels(model, "loaded").inc()
                     self.load_seconds.labels(model).observe(max(0.0, now - started))
             case ChildExited(model=model):
+                self.up_since.pop(model, None)
                 if self._loading.pop(model, None) is not None:
                     self.loads.labels(model, "cancelled" if event.expected else "failed").inc()
                 if not event.expected:
