@@ -31,6 +31,7 @@ from troupe.hardware.cpus import read_topology
 from troupe.hardware.devices import DeviceList, DeviceReader
 from troupe.launcher import ChildLauncher
 from troupe.ops.access import RequestLog
+from troupe.ops.history import History
 from troupe.ops.logs import ModelLogs
 from troupe.ops.metrics import RouterMetrics
 from troupe.proxy.relay import Relay
@@ -76,6 +77,7 @@ class Router:
     reader: DeviceReader
     fake_timing: bool = False
     requests: RequestLog = attrs.field(factory=RequestLog)  # recent requests, access log
+    history: History = attrs.field(factory=History)  # the dashboard's recent samples
     # The servers' side of the lifecycle: ready once listening; `http_stop` asks the
     # HTTP server to drain, `http_done` says it has; `http_server` is the drain's handle.
     ready: bool = False

@@ -120,6 +120,7 @@ async def serve_router(
     async with trio.open_nursery() as nursery:
         await nursery.start(router.scheduler.run)
         nursery.start_soon(router.requests.write_lines)  # the access log (--access-log on)
+        nursery.start_soon(router.history.run, router.scheduler, router.metrics)
         urls = await nursery.start(partial(serve_http, router, websocket=serve_realtime))
         router.ready = True  # upstream: ready right after binding, before startup loads
         for url in urls:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from troupe import __version__
 from troupe.http.respond import send_error, send_json
 from troupe.http.server.exchange import Exchange
+from troupe.ops.history import HISTORY_EVERY
 from troupe.router import Router
 
-__all__ = ["recent_requests", "version"]
+__all__ = ["history", "recent_requests", "version"]
 
 DEFAULT_LIMIT = 100
 
@@ -42,3 +43,9 @@ async def version(router: Router, ex: Exchange) -> None:
             },
         },
     )
+
+
+async def history(router: Router, ex: Exchange) -> None:
+    """The dashboard's recent samples (`troupe.ops.history`), oldest first."""
+    points = [p.to_json() for p in router.history.points()]
+    await send_json(ex, {"interval": HISTORY_EVERY, "points": points})

@@ -97,7 +97,10 @@ def _memory(ctx: Router, view: ModelView | None) -> dict[str, Any] | None:
         "need_bytes": dict(need),
         "source": view.memory_source,  # "engine" (its own projection) or "estimate"
         "need_at_full_context_bytes": dict(view.memory_high) if view.memory_high else None,
-        "used_bytes": dict(view.memory_used) if view.memory_used else None,
+        # What its child holds: none once it has exited.
+        "used_bytes": dict(view.memory_used)
+        if view.memory_used and view.status.is_running
+        else None,
         "feasibility": str(report.colour),
         "why": report.explain(),
     }

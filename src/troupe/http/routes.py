@@ -58,6 +58,7 @@ _ROUTER_OWN: dict[tuple[str, str], Handler] = {
     ("GET", DASHBOARD): dashboard.dashboard_root,
     ("GET", DASHBOARD + "/requests"): activity_routes.recent_requests,
     ("GET", DASHBOARD + "/version"): activity_routes.version,
+    ("GET", DASHBOARD + "/history"): activity_routes.history,
 }
 
 ROUTES = RouteTable(

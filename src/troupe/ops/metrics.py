@@ -172,6 +172,7 @@ class RouterMetrics:
         ProcessCollector(registry=reg)  # troupe's own CPU, memory and open fds
         self._loading: dict[str, float] = {}  # model -> when its load started
         self.up_since: dict[str, float] = {}  # model -> when its child became ready
+        self.relayed_total = 0  # requests relayed, all routes (the dashboard's history)
 
     # ----- the scheduler's events (Scheduler.add_listener) -------------------------------
 
@@ -232,6 +233,7 @@ class RouterMetrics:
     ) -> None:
         """One relayed request, as it ends: its status and the body bytes both ways."""
         route = route_label(path, self.prefix)
+        self.relayed_total += 1
         self.requests.labels(route, str(status)).inc()
         if request_bytes:
             self.bytes.labels(route, "request").inc(request_bytes)
