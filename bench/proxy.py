@@ -165,7 +165,12 @@ def _find_child(proc: Proc, model: Path) -> psutil.Process:
 
 
 def start_targets(
-    stack: contextlib.ExitStack, engine: Path, tmp: Path, fake: bool, access_log: bool = False
+    stack: contextlib.ExitStack,
+    engine: Path,
+    tmp: Path,
+    fake: bool,
+    access_log: bool = False,
+    only: frozenset[str] | None = None,
 ) -> list[Target]:
     models_dir = tmp / "models"
     (model,) = write_tiny_models(models_dir, [MODEL])
@@ -184,6 +189,8 @@ def start_targets(
         commands[LOGGED][commands[LOGGED].index(str(tmp / "state"))] = str(tmp / "state-log")
     if fake:
         del commands["C++ router"]  # it would start copies of itself, not the fake
+    if only is not None:
+        commands = {name: argv for name, argv in commands.items() if name in only}
     procs: dict[str, Proc] = {}
     for name, argv in commands.items():
         procs[name] = proc = start_process(name, argv, tmp, env)

@@ -37,3 +37,4 @@ async def test_url_alone_lists_the_routers_models(
     assert rows["m-one"]["context"] == 512
     # The size on disk, the figure troupe doctor shows too.
     assert rows["m-one"]["size_bytes"] == size
+    assert rows["m-one"]["need_source"] in ("engine", "estimate")

@@ -201,7 +201,12 @@ def _catalog(build: EngineBuild, rest: list[str]) -> Catalog:
 
 
 def _model_lines(catalog: Catalog, devices: DeviceList, gpus: list[int]) -> list[str]:
-    lines = ["", f"Models ({len(catalog)}; estimates at the smallest context each may run with)"]
+    lines = [
+        "",
+        f"Models ({len(catalog)}; SIZE on disk; ESTIMATE from the GGUF header at the smallest "
+        "context each may run with: a running router admits by the engine's own projection "
+        "once made, which GET /models and troupe ps show with source 'engine')",
+    ]
     if not len(catalog):
         return [*lines, "  none (give --models-dir or --models-preset)"]
     rows = [["NAME", "SIZE", "CONTEXT", "ESTIMATE", "FIT"]]

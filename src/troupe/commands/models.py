@@ -84,6 +84,7 @@ def _remote_row(item: dict[str, Any]) -> dict[str, Any]:
         "capabilities": ",".join(["text", *caps]),
         "aliases": list(item.get("aliases") or []),
         "need_bytes": sum(need.values()) if isinstance(need, dict) else None,
+        "need_source": memory.get("source") if isinstance(memory, dict) else None,
         "fit": str(memory.get("feasibility", "?")) if isinstance(memory, dict) else "?",
         "status": _status_of(item),
     }
@@ -137,6 +138,7 @@ def model_rows(argv: Sequence[str]) -> tuple[list[dict[str, Any]], str, tuple[st
                 "capabilities": _capabilities(f, entry.architecture.input_modalities),
                 "aliases": list(entry.sorted_aliases),
                 "need_bytes": sum(need.values()) if need else None,
+                "need_source": "estimate" if need else None,  # the GGUF header's
                 "fit": str(fit.colour) if fit else "?",
             }
         )
@@ -180,8 +182,14 @@ def run_models(args: list[str]) -> int:
         rows, default_url, keys = model_rows(args)
         answered = _router_models(url_flag or default_url, keys)
         statuses = {m["id"]: _status_of(m) for m in answered} if answered is not None else None
+        remote = {m["id"]: _remote_row(m) for m in answered or ()}
         for row in rows:
             row["status"] = statuses.get(row["name"], "-") if statuses is not None else "-"
+            there = remote.get(row["name"])
+            if there is not None and there["need_bytes"] is not None:
+                # The running router's figure (the engine's projection, once made): the
+                # one memory need everywhere, with its source.
+                row["need_bytes"], row["need_source"] = there["need_bytes"], there["need_source"]
     if not rows:
         raise TroupeError(
             "no models: give --models-dir, --models-preset or --url URL of a running router"
