@@ -171,6 +171,7 @@ def start_targets(
     fake: bool,
     access_log: bool = False,
     only: frozenset[str] | None = None,
+    baseline: Path | None = None,
 ) -> list[Target]:
     models_dir = tmp / "models"
     (model,) = write_tiny_models(models_dir, [MODEL])
@@ -187,6 +188,11 @@ def start_targets(
     if access_log:
         commands[LOGGED] = [*commands["troupe"], "--access-log", "on"]
         commands[LOGGED][commands[LOGGED].index(str(tmp / "state"))] = str(tmp / "state-log")
+    if baseline is not None:  # troupe from another source tree (a checkout of main)
+        boot = f"import sys; sys.path.insert(0, {str(baseline)!r}); from troupe.cli import main; "
+        commands[BASELINE] = [sys.executable, "-c", boot + "sys.exit(main())",
+                              *commands["troupe"][3:]]  # fmt: skip
+        commands[BASELINE][commands[BASELINE].index(str(tmp / "state"))] = str(tmp / "state-base")
     if fake:
         del commands["C++ router"]  # it would start copies of itself, not the fake
     if only is not None:
@@ -267,6 +273,7 @@ def scenarios(concurrency: list[int]) -> list[Scenario]:
 
 PAIRS = (("troupe", "direct"), ("C++ router", "direct"), ("troupe", "C++ router"))
 LOGGED = "troupe+log"  # troupe with --access-log on (bench --access-log)
+BASELINE = "baseline"  # troupe from another source tree (bench/access_log.py --baseline)
 
 
 def _ms(seconds: float) -> str:
