@@ -69,8 +69,9 @@ def finish(
             rec.ttfb = report.first_byte - started
         if report.sse and report.first_body is not None:
             rec.ttft = report.first_body - started
-        if report.tail:
-            read_usage(report.tail, rec)
+        tail = report.tail
+        if tail:
+            read_usage(tail, rec)
         rec.error = rec.error or report.error
     elif ex.started:
         rec.status = ex.status

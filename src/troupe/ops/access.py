@@ -56,8 +56,8 @@ class AccessRecord:
     error: str | None = None  # why it failed, when it did
 
     def to_json(self) -> dict[str, Any]:
-        out = attrs.asdict(self)
-        for key in ("queue_wait", "load_wait", "ttfb", "ttft", "duration", "tokens_per_second"):
+        out = {name: getattr(self, name) for name in _FIELDS}  # attrs.asdict: 4x slower
+        for key in _SECONDS:
             value = out[key]
             if value is not None:
                 out[key] = round(value, 4)
@@ -86,6 +86,10 @@ class AccessRecord:
         if self.error:
             parts.append(f"error={json.dumps(self.error)}")
         return " ".join(parts)
+
+
+_FIELDS = tuple(f.name for f in attrs.fields(AccessRecord))
+_SECONDS = ("queue_wait", "load_wait", "ttfb", "ttft", "duration", "tokens_per_second")
 
 
 def _object_after(tail: bytes, key: bytes) -> dict[str, Any] | None:
@@ -135,7 +139,8 @@ class RequestLog:
         self.enabled = enabled  # --access-log: one log line per request
         self._ring: collections.deque[AccessRecord] = collections.deque(maxlen=size)
         self._listeners: list[Callable[[AccessRecord], None]] = []
-        self._recorded = trio.Event()  # set (and replaced) at each record
+        self._recorded = trio.Event()  # set (and replaced) at a record someone waits for
+        self._waiting = 0
         self._pending: collections.deque[AccessRecord] = collections.deque(maxlen=PENDING_MAX)
         self._wake = trio.Event()
 
@@ -149,7 +154,7 @@ class RequestLog:
         if self.enabled:
             self._pending.append(rec)
             self._wake.set()
-        if self._recorded.statistics().tasks_waiting:
+        if self._waiting:
             self._recorded.set()
             self._recorded = trio.Event()
 
@@ -159,7 +164,11 @@ class RequestLog:
             found = next((r for r in self.recent() if predicate(r)), None)
             if found is not None:
                 return found
-            await self._recorded.wait()
+            self._waiting += 1
+            try:
+                await self._recorded.wait()
+            finally:
+                self._waiting -= 1
 
     async def write_lines(self) -> None:
         """Write the access lines as they come, a batch per ``WRITE_EVERY`` (run it in

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+import attrs
 import trio
 from prometheus_client import (
     CollectorRegistry,
@@ -173,6 +174,7 @@ class RouterMetrics:
         self._loading: dict[str, float] = {}  # model -> when its load started
         self.up_since: dict[str, float] = {}  # model -> when its child became ready
         self.relayed_total = 0  # requests relayed, all routes (the dashboard's history)
+        self._series: dict[tuple[str, str, int], _RequestSeries] = {}
 
     # ----- the scheduler's events (Scheduler.add_listener) -------------------------------
 
@@ -243,14 +245,35 @@ class RouterMetrics:
     def observe_request(self, rec: AccessRecord) -> None:
         """One proxied request, as it ends (`troupe.ops.access.RequestLog`'s listener)."""
         model = rec.model if rec.catalogued else OTHER_MODEL
-        status = str(rec.status)
-        self.request_seconds.labels(model, rec.route, status).observe(rec.duration)
+        key = (model, rec.route, rec.status)
+        series = self._series.get(key)
+        if series is None:  # labels() checks and locks: once per label set, not per request
+            status = str(rec.status)
+            series = self._series[key] = _RequestSeries(
+                self.request_seconds.labels(model, rec.route, status),
+                self.ttft_seconds.labels(model, rec.route, status),
+                self.prompt_tokens.labels(model),
+                self.completion_tokens.labels(model),
+                self.speed.labels(model),
+            )
+        series.duration.observe(rec.duration)
         first = rec.ttft if rec.ttft is not None else rec.ttfb
         if first is not None:
-            self.ttft_seconds.labels(model, rec.route, status).observe(first)
+            series.first.observe(first)
         if rec.prompt_tokens:
-            self.prompt_tokens.labels(model).inc(rec.prompt_tokens)
+            series.prompt.inc(rec.prompt_tokens)
         if rec.completion_tokens:
-            self.completion_tokens.labels(model).inc(rec.completion_tokens)
+            series.completion.inc(rec.completion_tokens)
         if rec.tokens_per_second is not None:
-            self.speed.labels(model).observe(rec.tokens_per_second)
+            series.speed.observe(rec.tokens_per_second)
+
+
+@attrs.frozen
+class _RequestSeries:
+    """One label set's children of the request metrics."""
+
+    duration: Histogram
+    first: Histogram
+    prompt: Counter
+    completion: Counter
+    speed: Histogram

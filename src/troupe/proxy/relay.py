@@ -113,12 +113,24 @@ class RelayReport:
     first_byte: float | None = None  # trio time the head went to the client
     first_body: float | None = None  # trio time the first body bytes did
     sse: bool = False
-    tail: bytes = b""  # the answer's last bytes (usage and timings)
     error: str | None = None  # why the relay failed, when it did
+    # The answer's last reads, at least TAIL_BYTES of them when there were that many:
+    # references only (no copy per read); joined once, at the end.
+    _reads: list[bytes] = attrs.field(factory=list)
+    _kept: int = 0
 
     def keep(self, data: bytes) -> None:
-        tail = self.tail + data if len(data) < TAIL_BYTES else data
-        self.tail = tail[-TAIL_BYTES:] if len(tail) > TAIL_BYTES else tail
+        reads = self._reads
+        reads.append(data)
+        self._kept += len(data)
+        if len(reads) > 8 and self._kept - len(reads[0]) >= TAIL_BYTES:
+            self._kept -= len(reads.pop(0))  # a short list: the pop is cheap
+
+    @property
+    def tail(self) -> bytes:
+        """The answer's last bytes (its usage and timings)."""
+        joined = b"".join(self._reads)
+        return joined[-TAIL_BYTES:] if len(joined) > TAIL_BYTES else joined
 
 
 class ChildLost(Exception):
