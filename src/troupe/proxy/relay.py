@@ -398,11 +398,11 @@ class Relay:
 
 
 def _note(report: RelayReport, data: bytes) -> None:
-    """One write to the client went out: its times, and the answer's tail."""
-    now = trio.current_time()
+    """One write to the client went out: its times (the clock read only for the first
+    ones), and the answer's tail."""
     if report.first_byte is None:
-        report.first_byte = now
+        report.first_byte = trio.current_time()
     if data:
         if report.first_body is None:
-            report.first_body = now
+            report.first_body = trio.current_time()
         report.keep(data)
