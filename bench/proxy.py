@@ -26,7 +26,11 @@ The load generator is ``wrk`` when it is on PATH, else a built-in epoll client;
 the direct figures use the same client, so the ratios compare like with like.
 
     .venv/bin/python bench/proxy.py [--quick] [--fake] [--connections 8,64] [--seconds S]
-        [--no-relay] [--streams 1000] [--profile]
+        [--no-relay] [--streams 1000] [--profile] [--access-log]
+
+``--access-log`` adds a fourth target, troupe with ``--access-log on`` (its lines go to
+its log file), and prints what the access log costs: troupe+log against troupe, per
+scenario, from the same run.
 """
 
 from __future__ import annotations
@@ -160,7 +164,15 @@ def _find_child(proc: Proc, model: Path) -> psutil.Process:
     raise RuntimeError(f"{proc.name}: no child serving {model} found")
 
 
-def start_targets(stack: contextlib.ExitStack, engine: Path, tmp: Path, fake: bool) -> list[Target]:
+def start_targets(
+    stack: contextlib.ExitStack,
+    engine: Path,
+    tmp: Path,
+    fake: bool,
+    access_log: bool = False,
+    only: frozenset[str] | None = None,
+    baseline: Path | None = None,
+) -> list[Target]:
     models_dir = tmp / "models"
     (model,) = write_tiny_models(models_dir, [MODEL])
     host = ["--host", "127.0.0.1", "--port", "0"]
@@ -173,8 +185,18 @@ def start_targets(stack: contextlib.ExitStack, engine: Path, tmp: Path, fake: bo
                    *host, *CHILD_ARGS],
         "C++ router": [str(engine), "--models-dir", str(models_dir), *host, *CHILD_ARGS],
     }  # fmt: skip
+    if access_log:
+        commands[LOGGED] = [*commands["troupe"], "--access-log", "on"]
+        commands[LOGGED][commands[LOGGED].index(str(tmp / "state"))] = str(tmp / "state-log")
+    if baseline is not None:  # troupe from another source tree (a checkout of main)
+        boot = f"import sys; sys.path.insert(0, {str(baseline)!r}); from troupe.cli import main; "
+        commands[BASELINE] = [sys.executable, "-c", boot + "sys.exit(main())",
+                              *commands["troupe"][3:]]  # fmt: skip
+        commands[BASELINE][commands[BASELINE].index(str(tmp / "state"))] = str(tmp / "state-base")
     if fake:
         del commands["C++ router"]  # it would start copies of itself, not the fake
+    if only is not None:
+        commands = {name: argv for name, argv in commands.items() if name in only}
     procs: dict[str, Proc] = {}
     for name, argv in commands.items():
         procs[name] = proc = start_process(name, argv, tmp, env)
@@ -250,6 +272,8 @@ def scenarios(concurrency: list[int]) -> list[Scenario]:
 # --- output ----------------------------------------------------------------------------------
 
 PAIRS = (("troupe", "direct"), ("C++ router", "direct"), ("troupe", "C++ router"))
+LOGGED = "troupe+log"  # troupe with --access-log on (bench --access-log)
+BASELINE = "baseline"  # troupe from another source tree (bench/access_log.py --baseline)
 
 
 def _ms(seconds: float) -> str:
@@ -364,6 +388,29 @@ def print_report(report: Report, targets: list[str]) -> None:
                      _ratio(many["troupe"][0].cpu_us_per_event,
                             many["C++ router"][0].cpu_us_per_event)])  # fmt: skip
     _table(rows, ["", "", *(f"{a}/{b}" for a, b in pairs)])
+    if LOGGED in targets:
+        print_access_log_cost(report)
+
+
+def print_access_log_cost(report: Report) -> None:
+    """troupe with the access log on against troupe without, from the same run."""
+    print(f"\naccess log: {LOGGED}/troupe (req/s, events/s: 1.00 is free; CPU: 1.00 is free)")
+    rows = []
+    for sc in report.scenarios:
+        on, off = report.figures[(sc.label, LOGGED)], report.figures[(sc.label, "troupe")]
+        rows.append([
+            sc.label, _ratio(on.load.rps, off.load.rps), _ratio(on.load.p50_s, off.load.p50_s),
+            _ratio(on.proxy_cpu_s / max(1, on.load.requests),
+                   off.proxy_cpu_s / max(1, off.load.requests)),
+        ])  # fmt: skip
+    if report.sse:
+        on_s, off_s = report.sse[LOGGED], report.sse["troupe"]
+        rows.append([
+            "SSE stream", _ratio(on_s.result.events_per_s, off_s.result.events_per_s), "",
+            _ratio(on_s.proxy_cpu_s / max(1, on_s.result.events),
+                   off_s.proxy_cpu_s / max(1, off_s.result.events)),
+        ])  # fmt: skip
+    _table(rows, ["scenario", "req/s", "p50", "proxy CPU/req (or /event)"])
 
 
 # --- main ------------------------------------------------------------------------------------
@@ -414,6 +461,7 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--sse-streams", type=int, default=4, help="real-engine streams at once")
     ap.add_argument("--streams", type=int, default=1000, help="streams held open at once")
     ap.add_argument("--profile", action="store_true", help="py-spy troupe (small requests)")
+    ap.add_argument("--access-log", action="store_true", help="also troupe with --access-log on")
     return ap.parse_args()
 
 
@@ -433,7 +481,7 @@ def run(args: argparse.Namespace, engine: Path, tmp: Path, report: Report) -> li
     print(f"timing:  {warmup:g} s warm-up + {seconds:g} s measured per scenario and target")
     print(f"SSE:     one /completion stream of n_predict={n_predict} per target")
     with _process_stack() as procs:
-        targets = start_targets(procs, engine, tmp, args.fake)
+        targets = start_targets(procs, engine, tmp, args.fake, args.access_log)
         for sc in report.scenarios:
             for t in targets:
                 _progress(f"  {sc.label:<28} {t.name:<11}")

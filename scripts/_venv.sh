@@ -61,6 +61,7 @@ ensure_debian_packages() {
   local missing=()
   [ -x /usr/sbin/nginx ] || missing+=(nginx)
   [ -x /usr/bin/chromium ] || missing+=(chromium)
+  [ -x /usr/bin/promtool ] || missing+=(prometheus)  # its promtool checks /metrics (a test)
   [ "${#missing[@]}" -eq 0 ] && return 0
   local run=()
   if [ "$(id -u)" -ne 0 ]; then

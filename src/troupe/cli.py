@@ -12,6 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from troupe import __version__
+from troupe.catalog.build import base_preset
+from troupe.catalog.render import preset_args
+from troupe.child.argcheck import check_child_flags
 from troupe.cli_help import SERVE_HELP, TOP_HELP
 from troupe.engine import find_engine, probe_engine
 from troupe.errors import TroupeError, UsageError
@@ -52,6 +55,10 @@ def _main(args: list[str]) -> int:
         from troupe.commands.models import run_models  # noqa: PLC0415  (keeps start-up lean)
 
         return run_models(rest)
+    if command == "ps":
+        from troupe.commands.ps import run_ps  # noqa: PLC0415
+
+        return run_ps(rest)
     if command == "doctor":
         from troupe.commands.doctor import run_doctor  # noqa: PLC0415
 
@@ -113,6 +120,7 @@ def serve(args: Sequence[str]) -> int:
         os.execv(prepared[0], prepared)
     engine, table, settings = prepared
     setup_logging(settings.log_level, settings.log_format)  # the config file may set them too
+    check_child_flags(engine.path, preset_args(base_preset(settings)))
     log.info(
         "troupe %s, engine %s (%s, from %s)",
         __version__,

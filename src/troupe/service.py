@@ -125,6 +125,9 @@ async def serve_router(
         urls = await nursery.start(
             partial(serve_http, router, websocket=serve_realtime, routes=routes)
         )
+        nursery.start_soon(router.requests.write_lines)  # the access log (--access-log on)
+        nursery.start_soon(router.history.run, router.scheduler, router.metrics)
+        urls = await nursery.start(partial(serve_http, router, websocket=serve_realtime))
         router.ready = True  # upstream: ready right after binding, before startup loads
         for url in urls:
             # Always shown, whatever the log level: with --port 0 it is how to find the port.

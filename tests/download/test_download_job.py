@@ -146,7 +146,19 @@ async def test_a_paused_job_keeps_its_bytes_and_the_next_one_resumes(
     assert kept.stat().st_size == size // 2
     assert [e.plan for e in journal.entries()] == [plan]
     hub.fault(repo, MODEL, None)
-    await run_job(hub, journal.entries()[0].plan, cache, journal)
+    reports: list[ProgressMap] = []
+
+    async def keep(progress: ProgressMap) -> None:
+        reports.append(progress)
+
+    async with open_client() as client:
+        resumed = DownloadJob(
+            journal.entries()[0].plan, cache, client, hub.url, journal=journal, report=keep
+        )
+        await resumed.run()
+    # The first report already counts what was on disk (a resumed bar starts at 50%).
+    first = {url.rsplit("/", 1)[-1]: done for url, (done, _) in reports[0].items()}
+    assert first[MODEL] == size // 2
     assert hub.gets(MODEL)[-1].range == f"bytes={size // 2}-"
     assert journal.entries() == []
     assert cached_models(cache) == [f"{repo}:Q4_K_M"]

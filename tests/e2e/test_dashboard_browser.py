@@ -23,6 +23,7 @@ pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "build" / "screenshots" / "dashboard.png"
+ACTIVITY_SHOT = ROOT / "build" / "screenshots" / "dashboard-activity.png"
 KEY = "dashboard-secret"
 CHROMIUM_ARGS = [
     "--headless",
@@ -41,7 +42,9 @@ def card(page: Page, model: str) -> str:
     return f'article[data-model="{model}"]'
 
 
-def drive(router: RunningRouter, chromium: Path, profile: Path, shot: Path) -> None:
+def drive(
+    router: RunningRouter, chromium: Path, profile: Path, shot: Path, activity_shot: Path
+) -> None:
     """The browser's side of the test (in a worker thread)."""
 
     async def request(model: str) -> int:
@@ -93,11 +96,42 @@ def drive(router: RunningRouter, chromium: Path, profile: Path, shot: Path) -> N
             expect(page.locator("#summary")).to_contain_text("1 running")
             page.screenshot(path=str(shot), full_page=True)
 
+            # The activity view: the request, its model, status and tokens (the ring's).
+            row = page.locator('#activity-rows tr[data-model="tiny-a"]').first
+            expect(row).to_have_attribute("data-status", "200")
+            expect(row).to_contain_text("POST /completion")
+            expect(row).to_contain_text("+ 4")  # prompt + 4 completion tokens
+            # Charts keep their history across a reload: the server's samples come first.
+            trio.from_thread.run(router.ctx.history.wait_for, 3)
+            kept = trio.from_thread.run_sync(lambda: len(router.ctx.history.points()))
+            page.reload()
+            expect(page.locator("#connection")).to_have_text("live")  # the key was kept
+            page.wait_for_function(
+                f"Number(document.querySelector('#charts').dataset.history) >= {kept}"
+            )
+            page.wait_for_function(
+                "document.querySelectorAll('#chart-memory canvas, #chart-requests canvas')"
+                ".length === 2"
+            )
+            # Its x axis spans the whole 5-minute window from the first draw, so its ticks
+            # read as minutes, not as milliseconds of a page just opened.
+            span = page.locator("#charts").get_attribute("data-span")
+            assert span is not None
+            assert int(span) >= 299
+            expect(row).to_have_attribute("data-status", "200")
+            page.locator("#activity").scroll_into_view_if_needed()
+            page.screenshot(path=str(activity_shot), full_page=True)
+            # The favicon the page names is served (no 404 in the console).
+            icon = page.request.get(router.url + "/troupe/favicon.svg")
+            assert icon.status == 200
+            assert icon.headers["content-type"].startswith("image/svg+xml")
+
             # Unload from the page; the card sees it go.
             page.click(card(page, "tiny-a") + " button.unload")
             expect(status).to_have_text("unloaded")
             expect(log).to_contain_text("[troupe] stopped (exit code 0)")
             expect(page.locator(card(page, "tiny-a") + " .action-error")).to_have_text("")
+            expect(page.locator(card(page, "tiny-a") + " .memory-used")).to_have_text("-")
         finally:
             context.close()
 
@@ -107,11 +141,15 @@ async def test_dashboard_in_chromium(
 ) -> None:
     args = ["--models-dir", str(tiny_model_dir), "--ctx-size", "256", "--parallel", "1"]
     shot = tmp_path / "dashboard.png"
+    activity_shot = tmp_path / "dashboard-activity.png"
     async with open_router(
         [*args, "--api-key", KEY], engine=engine_path, state_dir=tmp_path / "state", cwd=tmp_path
     ) as router:
-        await trio.to_thread.run_sync(drive, router, chromium_path, tmp_path / "profile", shot)
+        await trio.to_thread.run_sync(
+            drive, router, chromium_path, tmp_path / "profile", shot, activity_shot
+        )
         assert router.status("tiny-a") is Status.UNLOADED
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(shot, SCREENSHOT)
-    print(f"dashboard screenshot: {shot} (copied to {SCREENSHOT})")
+    shutil.copyfile(activity_shot, ACTIVITY_SHOT)
+    print(f"dashboard screenshots: {shot}, {activity_shot} (copied to {SCREENSHOT.parent})")

@@ -15,8 +15,9 @@ import attrs
 
 from troupe.catalog.entry import Architecture, ModelEntry
 from troupe.gguf import GGUFError, ModelFacts, input_modalities, read_header, read_model_facts
+from troupe.gguf.facts import shard_paths
 
-__all__ = ["FactsCache", "facts_json", "human_bytes"]
+__all__ = ["FactsCache", "facts_json", "file_bytes", "human_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,20 @@ def facts_json(facts: ModelFacts | str | None) -> dict[str, Any] | None:
         "mtp_layers": facts.mtp_layers,
         "rejected": facts.rejection,
     }
+
+
+def file_bytes(path: Path | None, facts: ModelFacts | str | None) -> int | None:
+    """The model's size on disk, every shard: the one size ``troupe models``, ``troupe
+    doctor`` and ``GET /models`` (``gguf.file_bytes``) show."""
+    if path is None or not isinstance(facts, ModelFacts):
+        return None
+    total = 0
+    for shard in shard_paths(path, facts.split_count):
+        try:
+            total += Path(shard).stat().st_size
+        except OSError:
+            continue
+    return total
 
 
 def human_bytes(n: int | None) -> str:

@@ -189,6 +189,16 @@ def _walk(root: Path, rel: str, out: list[tuple[str, Path]]) -> None:
 
 def cached_files(cache: Path, repo_id: str = "") -> list[CachedFile]:
     """``hf_cache::get_cached_files``: the files of the resolved snapshot of each repo."""
+    try:
+        return _cached_files(cache, repo_id)
+    except PermissionError as exc:
+        where = exc.filename or cache
+        raise ConfigError(
+            f"cannot read the Hugging Face cache {where}: permission denied"
+        ) from None
+
+
+def _cached_files(cache: Path, repo_id: str) -> list[CachedFile]:
     if not cache.is_dir() or (repo_id and not is_valid_repo_id(repo_id)):
         return []
     files: list[CachedFile] = []

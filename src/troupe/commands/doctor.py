@@ -9,12 +9,13 @@ as ``serve`` builds it, each model with troupe's memory estimate and colour.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from troupe.catalog import Catalog, ModelEntry, build_catalog
 from troupe.catalog.facts import FactsCache
 from troupe.catalog.memory import model_need
+from troupe.commands.projection import engine_needs
 from troupe.errors import ConfigError, EngineNotFound, UsageError
 from troupe.gguf import GGUFError, read_model_facts, shard_paths
 from troupe.hardware import (
@@ -42,7 +43,8 @@ usage: troupe doctor [--engine [LABEL=]PATH]... [--models-dir PATH] [--models-pr
 
 Shows this machine's memory and GPUs, every engine build and the one troupe
 picks (with the reason), the devices that build sees, and for each model of
-the catalogue its size, troupe's memory estimate and whether it fits:
+the catalogue its size, its memory need (the engine's own projection with the
+child's arguments, else the GGUF header's estimate) and whether it fits:
 GREEN (fits in GPU memory, or in RAM without a GPU), YELLOW (needs host RAM
 besides GPU memory), RED (does not fit).
 
@@ -148,8 +150,10 @@ def _file_bytes(paths: Sequence[str | Path]) -> int:
     return sum(os.path.getsize(p) for p in paths if os.path.exists(p))
 
 
-def _model_row(entry: ModelEntry, ram: int, gpus: list[int]) -> list[str]:
-    """NAME, SIZE, CONTEXT, ESTIMATE, FIT for one catalogue model."""
+def _model_row(
+    entry: ModelEntry, ram: int, gpus: list[int], engine_need: Mapping[str, int] | None = None
+) -> list[str]:
+    """NAME, SIZE, CONTEXT, NEED, FIT for one catalogue model."""
     name = entry.name + (" (hidden)" if entry.hidden else "")
     if entry.model_path is None:
         return [name, "-", "-", "-", "not on disk (downloaded on first use)"]
@@ -165,16 +169,23 @@ def _model_row(entry: ModelEntry, ram: int, gpus: list[int]) -> list[str]:
         est = estimate_memory(entry.preset, facts, mmproj)
     except ValueError as exc:
         return [name, size, "-", "-", f"cannot estimate: {exc}"]
-    # The same need the router admits models by: the estimate plus compute/output buffers.
-    need = model_need(entry, FactsCache())
-    total = sum(need.values()) if need else est.total
-    fit = feasibility(total, ram_total=ram, gpu_totals=gpus)
     context = f"{est.n_ctx} ({est.context_reason})"
-    parts = f"weights {format_bytes(est.weights)} + KV {format_bytes(est.kv_cache)}"
-    if est.mmproj:
-        parts += f" + mmproj {format_bytes(est.mmproj)}"
-    if total > est.total:
-        parts += f" + buffers {format_bytes(total - est.total)}"
+    if engine_need:
+        # The engine's own projection with the child's argv: what the router admits by.
+        total = sum(engine_need.values())
+        parts = "engine: " + ", ".join(
+            f"{dev} {format_bytes(n)}" for dev, n in sorted(engine_need.items())
+        )
+    else:
+        # No projection: the same estimate the router falls back to (header + buffers).
+        need = model_need(entry, FactsCache())
+        total = sum(need.values()) if need else est.total
+        parts = f"estimate: weights {format_bytes(est.weights)} + KV {format_bytes(est.kv_cache)}"
+        if est.mmproj:
+            parts += f" + mmproj {format_bytes(est.mmproj)}"
+        if total > est.total:
+            parts += f" + buffers {format_bytes(total - est.total)}"
+    fit = feasibility(total, ram_total=ram, gpu_totals=gpus)
     colour = fit.colour.value
     if fit.colour is not Feasibility.GREEN:
         colour += f": {fit.explain()}"
@@ -200,12 +211,20 @@ def _catalog(build: EngineBuild, rest: list[str]) -> Catalog:
         raise ConfigError(f"failed to initialize router models: {exc}") from None
 
 
-def _model_lines(catalog: Catalog, devices: DeviceList, gpus: list[int]) -> list[str]:
-    lines = ["", f"Models ({len(catalog)}; estimates at the smallest context each may run with)"]
+def _model_lines(
+    catalog: Catalog, devices: DeviceList, gpus: list[int], engine: str | None = None
+) -> list[str]:
+    lines = [
+        "",
+        f"Models ({len(catalog)}; SIZE on disk; NEED: the engine's own projection with each "
+        "child's arguments, as the router admits by (else the GGUF header's estimate at the "
+        "smallest context each may run with); GET /models shows the same, with its source)",
+    ]
     if not len(catalog):
         return [*lines, "  none (give --models-dir or --models-preset)"]
-    rows = [["NAME", "SIZE", "CONTEXT", "ESTIMATE", "FIT"]]
-    rows += [_model_row(e, devices.host.total, gpus) for e in catalog]
+    rows = [["NAME", "SIZE", "CONTEXT", "NEED", "FIT"]]
+    needs = engine_needs(catalog, engine) if engine is not None else {}
+    rows += [_model_row(e, devices.host.total, gpus, needs.get(e.name)) for e in catalog]
     return lines + _table(rows)
 
 
@@ -235,6 +254,6 @@ def run_doctor(args: list[str]) -> int:
         print("\n".join(lines))
         return 1
     catalog = _catalog(choice.build, rest)
-    lines += _model_lines(catalog, devices, _gpu_totals(choice, devices))
+    lines += _model_lines(catalog, devices, _gpu_totals(choice, devices), str(choice.build.path))
     print("\n".join(lines))
     return 0

@@ -104,9 +104,9 @@ def plan_import(
     source: Path, models_dir: Path, *, name: str | None, mmproj: Path | None, link: bool
 ) -> ImportPlan:
     """What ``troupe import`` will write; TroupeError for anything it refuses."""
+    arch = _check_gguf(source, "model")  # the file named first: the likelier mistake
     if not models_dir.is_dir():
-        raise TroupeError(f"error: '{models_dir}' does not exist or is not a directory")
-    arch = _check_gguf(source, "model")
+        raise TroupeError(f"--models-dir {models_dir}: does not exist or is not a directory")
     if (why := main_model_rejection(arch)) is not None:
         raise TroupeError(f"{source}: {why}; import its model with --mmproj {source.name}")
     split = split_info(source.name)

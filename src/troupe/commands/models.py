@@ -18,12 +18,12 @@ import httpx
 
 from troupe.actors.memory import gpu_name
 from troupe.catalog import build_catalog
-from troupe.catalog.facts import FactsCache, human_bytes
+from troupe.catalog.facts import FactsCache, file_bytes
 from troupe.catalog.memory import model_need
-from troupe.errors import ConfigError, UsageError
+from troupe.errors import ConfigError, TroupeError, UsageError
 from troupe.gguf import ModelFacts
 from troupe.hardware.devices import read_devices
-from troupe.hardware.feasibility import feasibility
+from troupe.hardware.feasibility import feasibility, format_bytes
 from troupe.prepare import prepare_router
 
 __all__ = ["model_rows", "run_models"]
@@ -43,14 +43,51 @@ def _take(args: list[str], flag: str) -> str | None:
     return value
 
 
-def _statuses(url: str, api_keys: Sequence[str]) -> dict[str, str] | None:
+def _router_models(url: str, api_keys: Sequence[str]) -> list[dict[str, Any]] | None:
+    """The router's ``GET /models`` entries, or None when nothing usable answers."""
     headers = {"Authorization": f"Bearer {api_keys[0]}"} if api_keys else {}
     try:
         resp = httpx.get(url.rstrip("/") + "/models", headers=headers, timeout=1.0)
         data = resp.json()["data"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
-    return {m["id"]: m["status"]["value"] for m in data if isinstance(m, dict)}
+    if not isinstance(data, list):
+        return None
+    return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def _status_of(item: dict[str, Any]) -> str:
+    status = item.get("status")
+    value = status.get("value") if isinstance(status, dict) else None
+    return value if isinstance(value, str) else "?"
+
+
+def _remote_row(item: dict[str, Any]) -> dict[str, Any]:
+    """A row from a router's ``/models`` entry (``--url`` without a catalogue here)."""
+    extra = item.get("troupe")
+    gguf = extra.get("gguf") if isinstance(extra, dict) else None
+    gguf = gguf if isinstance(gguf, dict) else {}
+    memory = extra.get("memory") if isinstance(extra, dict) else None
+    need = memory.get("need_bytes") if isinstance(memory, dict) else None
+    arch = item.get("architecture")
+    inputs = arch.get("input_modalities", []) if isinstance(arch, dict) else []
+    caps = [m for m in inputs if isinstance(m, str) and m != "text"]
+    if gguf.get("embedding"):
+        caps.append("embedding")
+    if gguf.get("tools"):
+        caps.append("tools")
+    return {
+        "name": item["id"],
+        "source": str(item.get("source", "?")),
+        "size_bytes": gguf.get("file_bytes", gguf.get("size_bytes")),
+        "context": gguf.get("context_length"),
+        "capabilities": ",".join(["text", *caps]),
+        "aliases": list(item.get("aliases") or []),
+        "need_bytes": sum(need.values()) if isinstance(need, dict) else None,
+        "need_source": memory.get("source") if isinstance(memory, dict) else None,
+        "fit": str(memory.get("feasibility", "?")) if isinstance(memory, dict) else "?",
+        "status": _status_of(item),
+    }
 
 
 def _capabilities(facts: ModelFacts | str | None, inputs: Sequence[str]) -> str:
@@ -96,17 +133,33 @@ def model_rows(argv: Sequence[str]) -> tuple[list[dict[str, Any]], str, tuple[st
             {
                 "name": entry.name,
                 "source": str(entry.source),
-                "size_bytes": f.tensor_bytes if isinstance(f, ModelFacts) else None,
+                "size_bytes": file_bytes(entry.model_path, f),
                 "context": f.context_length if isinstance(f, ModelFacts) else None,
                 "capabilities": _capabilities(f, entry.architecture.input_modalities),
                 "aliases": list(entry.sorted_aliases),
                 "need_bytes": sum(need.values()) if need else None,
+                "need_source": "estimate" if need else None,  # the GGUF header's
                 "fit": str(fit.colour) if fit else "?",
             }
         )
     host = settings.hosts[0]
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{settings.port}"
     return rows, url, settings.api_keys
+
+
+_CATALOGUE_FLAGS = ("--models-dir", "--models-preset", "--config", "-hf", "--hf-repo")
+
+
+def _names_a_catalogue(args: Sequence[str]) -> bool:
+    """Whether the flags name models here (else ``--url`` alone asks the router there)."""
+    return any(a.split("=", 1)[0] in _CATALOGUE_FLAGS for a in args)
+
+
+def _api_keys(args: Sequence[str]) -> tuple[str, ...]:
+    keys = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--api-key"]
+    keys += [a.split("=", 1)[1] for a in args if a.startswith("--api-key=")]
+    env = os.environ.get("LLAMA_API_KEY")
+    return tuple(k for key in keys for k in key.split(",") if k) or ((env,) if env else ())
 
 
 def run_models(args: list[str]) -> int:
@@ -118,10 +171,30 @@ def run_models(args: list[str]) -> int:
     as_json = "--json" in args
     if as_json:
         args.remove("--json")
-    rows, default_url, keys = model_rows(args)
-    statuses = _statuses(url_flag or default_url, keys)
-    for row in rows:
-        row["status"] = statuses.get(row["name"], "-") if statuses is not None else "-"
+    if url_flag is not None and not _names_a_catalogue(args):
+        # `troupe models --url URL`: the router there is the catalogue.
+        found = _router_models(url_flag, _api_keys(args))
+        if found is None:
+            raise TroupeError(f"no troupe or llama.cpp router answered at {url_flag}")
+        rows = [_remote_row(m) for m in found]
+        statuses: dict[str, str] | None = {r["name"]: r["status"] for r in rows}
+    else:
+        rows, default_url, keys = model_rows(args)
+        answered = _router_models(url_flag or default_url, keys)
+        statuses = {m["id"]: _status_of(m) for m in answered} if answered is not None else None
+        remote = {m["id"]: _remote_row(m) for m in answered or ()}
+        for row in rows:
+            row["status"] = statuses.get(row["name"], "-") if statuses is not None else "-"
+            there = remote.get(row["name"])
+            if there is not None and there["need_bytes"] is not None:
+                # The running router's figure (the engine's projection, once made): the
+                # one memory need everywhere, with its source.
+                row["need_bytes"], row["need_source"] = there["need_bytes"], there["need_source"]
+    if not rows:
+        raise TroupeError(
+            "no models: give --models-dir, --models-preset or --url URL of a running router"
+            " (or put GGUF files in the Hugging Face cache)"
+        )
     if as_json:
         json.dump(rows, sys.stdout, indent=2)
         print()
@@ -130,7 +203,7 @@ def run_models(args: list[str]) -> int:
         (
             r["name"],
             r["source"],
-            human_bytes(r["size_bytes"]),
+            format_bytes(r["size_bytes"]),
             str(r["context"] or "?"),
             r["capabilities"],
             r["fit"],

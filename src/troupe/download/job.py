@@ -67,7 +67,7 @@ class DownloadJob:
         self.interval = interval
         self.urls = {f.path: self.hub.file_url(plan.repo, plan.commit, f.path) for f in plan.files}
         self.progress: dict[str, tuple[int, int]] = {
-            self.urls[f.path]: (0, f.size) for f in plan.files
+            self.urls[f.path]: (self.layout.on_disk(f), f.size) for f in plan.files
         }
         self._changed = trio.Event()
         self._failure: BaseException | None = None

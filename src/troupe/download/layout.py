@@ -51,6 +51,16 @@ class RepoLayout:
         except OSError:
             return False
 
+    def on_disk(self, f: PlannedFile) -> int:
+        """Bytes of ``f`` already here (its blob, else its partial file): where a resumed
+        download's progress starts, so its bar does not start at 0."""
+        for path in (self.blob(f), self.partial(f)):
+            try:
+                return min(path.stat().st_size, f.size)
+            except OSError:
+                continue
+        return 0
+
     def link(self, commit: str, f: PlannedFile) -> Path:
         """Point the snapshot entry at the blob (a relative symlink; a copy where the file
         system has no symlinks, as llama.cpp's degraded mode)."""

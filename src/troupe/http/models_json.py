@@ -7,7 +7,7 @@ from typing import Any
 import trio
 
 from troupe.catalog import ModelEntry
-from troupe.catalog.facts import facts_json
+from troupe.catalog.facts import facts_json, file_bytes
 from troupe.hardware.cpus import format_cpus
 from troupe.hardware.feasibility import feasibility
 from troupe.router import Router
@@ -97,7 +97,10 @@ def _memory(ctx: Router, view: ModelView | None) -> dict[str, Any] | None:
         "need_bytes": dict(need),
         "source": view.memory_source,  # "engine" (its own projection) or "estimate"
         "need_at_full_context_bytes": dict(view.memory_high) if view.memory_high else None,
-        "used_bytes": dict(view.memory_used) if view.memory_used else None,
+        # What its child holds: none once it has exited.
+        "used_bytes": dict(view.memory_used)
+        if view.memory_used and view.status.is_running
+        else None,
         "feasibility": str(report.colour),
         "why": report.explain(),
     }
@@ -129,7 +132,14 @@ def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict
         for key, value in view.loaded_info.items():
             item.setdefault(key, value)
     extras = _extras(view, now)
-    extras["gguf"] = facts_json(ctx.facts.facts(entry.model_path))
+    if view is not None:
+        up = ctx.metrics.up_since.get(entry.name) if view.status.is_running else None
+        extras["up_seconds"] = round(now - up, 1) if up is not None else None
+        extras["idle_seconds"] = round(now - view.last_used, 1) if view.last_used else None
+    facts = ctx.facts.facts(entry.model_path)
+    extras["gguf"] = facts_json(facts)
+    if extras["gguf"] is not None and "error" not in extras["gguf"]:
+        extras["gguf"]["file_bytes"] = file_bytes(entry.model_path, facts)
     extras["memory"] = _memory(ctx, view)
     item[EXTRA_KEY] = extras
     return item

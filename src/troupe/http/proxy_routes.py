@@ -10,11 +10,13 @@ import trio
 
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.catalog import ModelEntry
+from troupe.http import access
 from troupe.http.body_model import BadBody, model_from_body
 from troupe.http.errors import error_body
 from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
-from troupe.proxy.relay import ChildLost
+from troupe.ops.access import AccessRecord
+from troupe.proxy.relay import ChildLost, RelayReport
 from troupe.router import Router
 from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant, Snapshot, Status
 
@@ -91,9 +93,9 @@ def _crash_detail(ctx: Router, model: str) -> Callable[[], Awaitable[str | None]
     return detail
 
 
-async def _guarded(ex: Exchange, work: Callable[[], Awaitable[None]]) -> None:
-    """``work`` until it ends or the client leaves; a child lost after the response
-    started leaves the response truncated (the connection closes)."""
+async def _guarded(ex: Exchange, work: Callable[[], Awaitable[None]]) -> bool:
+    """``work`` until it ends or the client leaves (then True); a child lost after the
+    response started leaves the response truncated (the connection closes)."""
     lost = False
 
     async def run() -> None:
@@ -105,24 +107,36 @@ async def _guarded(ex: Exchange, work: Callable[[], Awaitable[None]]) -> None:
 
     # A client that goes away cancels its wait (it leaves the queue) or its relay (the
     # child stops generating at once).
-    await ex.until_client_leaves(run)
+    gone = await ex.until_client_leaves(run)
     if lost:
         ex.keep_alive = False
+    return gone
 
 
 async def _serve(
     ctx: Router, ex: Exchange, name: str, *, update_last_used: bool, conv_id: str = ""
 ) -> None:
-    autoload = autoload_flag(ex.params, ctx.settings.models_autoload)
-    checked = validate_model(ctx, name, autoload)
-    if isinstance(checked, Failure):
-        await send_failure(ex, checked)
-        return
+    rec, started = access.begin(ctx, ex, conv_id)
+    rec.model = name
+    report = RelayReport()
+    gone = False
+    try:
+        autoload = autoload_flag(ex.params, ctx.settings.models_autoload)
+        checked = validate_model(ctx, name, autoload)
+        if isinstance(checked, Failure):
+            rec.error = checked.message
+            await send_failure(ex, checked)
+            return
+        rec.model, rec.catalogued = checked.name, True
 
-    async def work() -> None:
-        await _lease_and_relay(ctx, ex, checked, autoload, update_last_used, conv_id)
+        async def work() -> None:
+            await _lease_and_relay(
+                ctx, ex, checked, autoload, update_last_used, conv_id, rec, report
+            )
 
-    await _guarded(ex, work)
+        gone = await _guarded(ex, work)
+    finally:
+        access.finish(ctx, ex, rec, started, report, client_left=gone)
 
 
 async def _lease_and_relay(
@@ -132,9 +146,13 @@ async def _lease_and_relay(
     autoload: bool,
     update_last_used: bool,
     conv_id: str,
+    rec: AccessRecord,
+    report: RelayReport,
 ) -> None:
     scheduler = ctx.scheduler
     tracker = ctx.conversations
+    asked = trio.current_time()
+    granted: Grant | None = None
     # Registered before the wait, so a stop issued while the model loads can cancel it.
     ticket = tracker.remember(conv_id, entry.name) if conv_id else 0
     try:
@@ -149,21 +167,26 @@ async def _lease_and_relay(
                 rid, grant = await acquire_within(
                     ctx, entry.name, autoload=autoload, update_last_used=update_last_used
                 )
+                granted = grant
         else:
             with ctx.metrics.time_queue_wait(entry.name):
                 rid, grant = await acquire_within(
                     ctx, entry.name, autoload=autoload, update_last_used=update_last_used
                 )
+                granted = grant
     except ModelUnavailable as exc:
+        rec.error = exc.failure.message
         await send_failure(ex, exc.failure)
         return
     finally:
         if ticket:
             tracker.detach(conv_id, ticket)
+        access.note_wait(ctx, rec, trio.current_time() - asked, granted)
     if ticket and (wait_scope.cancelled_caught or not tracker.alive(conv_id, ticket)):
         if not wait_scope.cancelled_caught:
             await scheduler.release(rid)
         msg = "request cancelled by a stop while the model was loading"
+        rec.error = msg
         await send_failure(ex, Failure.bad_request(msg))
         return
     try:
@@ -175,6 +198,7 @@ async def _lease_and_relay(
             body=ex.body,
             detached=bool(ticket) and grant.waited,
             crash_detail=_crash_detail(ctx, grant.model),
+            report=report,
         )
     finally:
         await scheduler.release(rid)

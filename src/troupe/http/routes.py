@@ -11,7 +11,7 @@ goes away cancels them.
 from __future__ import annotations
 
 from troupe.api import PROXY_GET_PATHS, PROXY_GET_WITH_MODEL, PROXY_POST_PATHS
-from troupe.http import dashboard, model_routes, ops_routes, streams
+from troupe.http import activity_routes, dashboard, model_routes, ops_routes, streams
 from troupe.http.proxy_routes import handle_proxy_get, handle_proxy_post, handle_stream_get
 from troupe.http.respond import watched
 from troupe.http.routing import DASHBOARD, Handler, RouteTable, Under
@@ -56,6 +56,9 @@ _ROUTER_OWN: dict[tuple[str, str], Handler] = {
     ("GET", "/cors-proxy"): model_routes.disabled,
     ("POST", "/cors-proxy"): model_routes.disabled,
     ("GET", DASHBOARD): dashboard.dashboard_root,
+    ("GET", DASHBOARD + "/requests"): activity_routes.recent_requests,
+    ("GET", DASHBOARD + "/version"): activity_routes.version,
+    ("GET", DASHBOARD + "/history"): activity_routes.history,
 }
 
 ROUTES = RouteTable(

@@ -32,6 +32,9 @@ class JsonFormatter(logging.Formatter):
             "model": model if isinstance(model, str) else None,
             "message": message,
         }
+        access = getattr(record, "access", None)
+        if access is not None and hasattr(access, "to_json"):
+            out["request"] = access.to_json()  # the access log's record, field by field
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         elif record.stack_info:

@@ -13,10 +13,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+import attrs
 import trio
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 
 from troupe.api import PROXY_GET_PATHS, PROXY_POST_PATHS, strip_prefix
+from troupe.ops.access import AccessRecord
 from troupe.sched import Snapshot, Status
 from troupe.sched.events import (
     ChildExited,
@@ -28,10 +36,19 @@ from troupe.sched.events import (
 
 __all__ = ["RouterMetrics", "route_label"]
 
+# A counter's ``_created`` sample reads as a gauge family of its own to most scrapers
+# and dashboards, and troupe's start time is in process_start_time_seconds already.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
 # Loads take seconds to minutes; waits for a model as long; the first bucket catches
 # the requests that found their model up.
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+# A request: a tokenize in a millisecond to a long generation in minutes.
+REQUEST_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TTFT_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+SPEED_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+OTHER_MODEL = "-"  # a request that named no model of the catalogue (bounded labels)
 SWAP_WINDOW = 60.0  # seconds: troupe_swaps_per_minute counts the swaps in this window
 _KNOWN_ROUTES = PROXY_POST_PATHS | PROXY_GET_PATHS | {"/props", "/metrics", "/v1/stream"}
 # The Ollama API's routes that reach a child (troupe.ollama), counted like the others.
@@ -114,8 +131,52 @@ class RouterMetrics:
             ["route", "direction"],
             registry=reg,
         )
+        self.request_seconds = Histogram(
+            "troupe_request_duration_seconds",
+            "Proxied requests from arrival to the last byte (waits included), by model, "
+            "route and status",
+            ["model", "route", "status"],
+            buckets=REQUEST_BUCKETS,
+            registry=reg,
+        )
+        self.ttft_seconds = Histogram(
+            "troupe_request_first_token_seconds",
+            "From arrival to a stream's first event (its first token), or a whole "
+            "answer's first byte, by model, route and status",
+            ["model", "route", "status"],
+            buckets=TTFT_BUCKETS,
+            registry=reg,
+        )
+        self.prompt_tokens = Counter(
+            "troupe_prompt_tokens",
+            "Prompt tokens the children reported (usage, timings), by model",
+            ["model"],
+            registry=reg,
+        )
+        self.completion_tokens = Counter(
+            "troupe_completion_tokens",
+            "Generated tokens the children reported, by model",
+            ["model"],
+            registry=reg,
+        )
+        self.speed = Histogram(
+            "troupe_generation_tokens_per_second",
+            "Generation speed per request, as the child timed it (predicted_per_second)",
+            ["model"],
+            buckets=SPEED_BUCKETS,
+            registry=reg,
+        )
+        self.swaps = Counter(
+            "troupe_swaps",
+            "Models stopped to make room for another (rate() it; "
+            "troupe_swaps_per_minute is the same, precomputed, kept for old dashboards)",
+            registry=reg,
+        )
         ProcessCollector(registry=reg)  # troupe's own CPU, memory and open fds
         self._loading: dict[str, float] = {}  # model -> when its load started
+        self.up_since: dict[str, float] = {}  # model -> when its child became ready
+        self.relayed_total = 0  # requests relayed, all routes (the dashboard's history)
+        self._series: dict[tuple[str, str, int], _RequestSeries] = {}
 
     # ----- the scheduler's events (Scheduler.add_listener) -------------------------------
 
@@ -128,9 +189,11 @@ class RouterMetrics:
             case StatusChanged(model=model, status=Status.LOADED):
                 started = self._loading.pop(model, None)
                 if started is not None:  # a wake from sleep reports "loaded" too: not a load
+                    self.up_since[model] = now
                     self.loads.labels(model, "loaded").inc()
                     self.load_seconds.labels(model).observe(max(0.0, now - started))
             case ChildExited(model=model):
+                self.up_since.pop(model, None)
                 if self._loading.pop(model, None) is not None:
                     self.loads.labels(model, "cancelled" if event.expected else "failed").inc()
                 if not event.expected:
@@ -139,6 +202,8 @@ class RouterMetrics:
                     self.ooms.labels(model).inc()
             case StopRequested(model=model, cause=cause):
                 self.stops.labels(model, cause.reason.value).inc()
+                if cause.reason.is_swap:
+                    self.swaps.inc()
                 if cause.reason.is_eviction:
                     self.evictions.labels(model, cause.reason.value).inc()
             case _:
@@ -172,8 +237,45 @@ class RouterMetrics:
     ) -> None:
         """One relayed request, as it ends: its status and the body bytes both ways."""
         route = route_label(path, self.prefix)
+        self.relayed_total += 1
         self.requests.labels(route, str(status)).inc()
         if request_bytes:
             self.bytes.labels(route, "request").inc(request_bytes)
         if response_bytes:
             self.bytes.labels(route, "response").inc(response_bytes)
+
+    def observe_request(self, rec: AccessRecord) -> None:
+        """One proxied request, as it ends (`troupe.ops.access.RequestLog`'s listener)."""
+        model = rec.model if rec.catalogued else OTHER_MODEL
+        key = (model, rec.route, rec.status)
+        series = self._series.get(key)
+        if series is None:  # labels() checks and locks: once per label set, not per request
+            status = str(rec.status)
+            series = self._series[key] = _RequestSeries(
+                self.request_seconds.labels(model, rec.route, status),
+                self.ttft_seconds.labels(model, rec.route, status),
+                self.prompt_tokens.labels(model),
+                self.completion_tokens.labels(model),
+                self.speed.labels(model),
+            )
+        series.duration.observe(rec.duration)
+        first = rec.ttft if rec.ttft is not None else rec.ttfb
+        if first is not None:
+            series.first.observe(first)
+        if rec.prompt_tokens:
+            series.prompt.inc(rec.prompt_tokens)
+        if rec.completion_tokens:
+            series.completion.inc(rec.completion_tokens)
+        if rec.tokens_per_second is not None:
+            series.speed.observe(rec.tokens_per_second)
+
+
+@attrs.frozen
+class _RequestSeries:
+    """One label set's children of the request metrics."""
+
+    duration: Histogram
+    first: Histogram
+    prompt: Counter
+    completion: Counter
+    speed: Histogram

@@ -18,12 +18,13 @@ import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+import attrs
 import trio
 
 from troupe.api import JSON_TYPE, dumps
 from troupe.proxy.upstream import Child, UpstreamError, UpstreamPool, UpstreamResponse
 
-__all__ = ["ChildLost", "Client", "Relay", "request_headers", "response_fields"]
+__all__ = ["ChildLost", "Client", "Relay", "RelayReport", "request_headers", "response_fields"]
 
 log = logging.getLogger("troupe.proxy")
 
@@ -98,6 +99,38 @@ class Client(Protocol):
     async def send(self, data: bytes) -> None: ...
 
     async def respond(self, status: int, body: bytes, content_type: str | bytes = ...) -> None: ...
+
+
+TAIL_BYTES = 8192  # the end of an answer kept for its usage and timings (the last event)
+
+
+@attrs.define(slots=True)
+class RelayReport:
+    """What the relay saw of one request, for the access log: filled as it goes."""
+
+    status: int = 0
+    bytes_out: int = 0  # response body bytes relayed
+    first_byte: float | None = None  # trio time the head went to the client
+    first_body: float | None = None  # trio time the first body bytes did
+    sse: bool = False
+    error: str | None = None  # why the relay failed, when it did
+    # The answer's last reads, at least TAIL_BYTES of them when there were that many:
+    # references only (no copy per read); joined once, at the end.
+    _reads: list[bytes] = attrs.field(factory=list)
+    _kept: int = 0
+
+    def keep(self, data: bytes) -> None:
+        reads = self._reads
+        reads.append(data)
+        self._kept += len(data)
+        if len(reads) > 8 and self._kept - len(reads[0]) >= TAIL_BYTES:
+            self._kept -= len(reads.pop(0))  # a short list: the pop is cheap
+
+    @property
+    def tail(self) -> bytes:
+        """The answer's last bytes (its usage and timings)."""
+        joined = b"".join(self._reads)
+        return joined[-TAIL_BYTES:] if len(joined) > TAIL_BYTES else joined
 
 
 class ChildLost(Exception):
@@ -210,6 +243,7 @@ class Relay:
         target: str | None = None,
         detached: bool = False,
         crash_detail: Callable[[], Awaitable[str | None]] | None = None,
+        report: RelayReport | None = None,
     ) -> None:
         """Send the request to ``child`` and stream its answer to ``client``.
 
@@ -218,6 +252,8 @@ class Relay:
         disconnects while the child has not answered yet (conversation requests, §6.6).
         ``crash_detail``: why the child died (its last log lines), asked for when the
         connection breaks, so the client learns more than "connection lost".
+        ``report``: filled with what the access log records (status, times, bytes, the
+        answer's tail).
         """
         wire = _request_bytes(
             method or client.method,
@@ -240,16 +276,26 @@ class Relay:
                 detail = await crash_detail() if crash_detail is not None else None
                 if detail:
                     text += f" ({detail})"
+                if report is not None:
+                    report.error = text
+                    report.first_byte = trio.current_time()
                 await client.respond(500, text.encode(), "text/plain")
                 return
             status = upstream.status_code
             try:
-                relayed = await self._stream(client, upstream, crash_detail)
+                relayed = await self._stream(client, upstream, crash_detail, report)
+            except ChildLost as exc:
+                if report is not None:
+                    report.error = f"child connection lost: {exc}"
+                raise
             finally:
                 # Closing an unfinished answer tells the child the client is gone, so
                 # it stops generating; a finished one returns its connection to the pool.
                 upstream.close()
         finally:
+            if report is not None:
+                report.status = status
+                report.bytes_out = relayed
             self._observe(client, status, len(body), relayed)
 
     async def _stream(
@@ -257,13 +303,16 @@ class Relay:
         client: Client,
         upstream: UpstreamResponse,
         crash_detail: Callable[[], Awaitable[str | None]] | None,
+        report: RelayReport | None,
     ) -> int:
         """Head, then body bytes as they come; returns the body bytes relayed."""
         content_type = upstream.header(b"content-type") or ""
         sse = content_type.startswith("text/event-stream")
         head = client.head(upstream.status_code, response_fields(upstream), length=None)
+        if report is not None:
+            report.sse = sse
         if upstream.chunked and not client.framing:
-            return await self._stream_decoded(client, upstream, head)
+            return await self._stream_decoded(client, upstream, head, report)
         passthrough = upstream.chunked  # the child's framing is the client's
         relayed = 0
         timeout = upstream.read_timeout
@@ -281,6 +330,8 @@ class Relay:
                         out += client.last_chunk
                     await client.send(out)
                     relayed += len(data)
+                    if report is not None:
+                        _note(report, data)
                     if upstream.complete:
                         return relayed
                     data = await upstream.receive_raw()
@@ -298,6 +349,8 @@ class Relay:
             # An SSE client gets a final error event, as llama-server sends for a failed stream.
             detail = await crash_detail() if crash_detail is not None else None
             message = "the model's server closed the connection" + (f": {detail}" if detail else "")
+            if report is not None:
+                report.error = message
             await client.send(client.chunk(_error_event(message)) + client.last_chunk)
             return relayed
         except trio.Cancelled:
@@ -321,14 +374,35 @@ class Relay:
             except (UpstreamError, Exception):  # the client may be gone too
                 return
 
-    async def _stream_decoded(self, client: Client, upstream: UpstreamResponse, head: bytes) -> int:
+    async def _stream_decoded(
+        self,
+        client: Client,
+        upstream: UpstreamResponse,
+        head: bytes,
+        report: RelayReport | None,
+    ) -> int:
         """A chunked answer for a client that cannot take chunks (HTTP/1.0)."""
         relayed = 0
         await client.send(head)
+        if report is not None:
+            report.first_byte = trio.current_time()
         try:
             async for piece in upstream.chunks():
                 await client.send(piece)
                 relayed += len(piece)
+                if report is not None:
+                    _note(report, piece)
         except UpstreamError as exc:
             raise ChildLost(str(exc)) from exc
         return relayed
+
+
+def _note(report: RelayReport, data: bytes) -> None:
+    """One write to the client went out: its times (the clock read only for the first
+    ones), and the answer's tail."""
+    if report.first_byte is None:
+        report.first_byte = trio.current_time()
+    if data:
+        if report.first_body is None:
+            report.first_body = trio.current_time()
+        report.keep(data)

@@ -83,6 +83,7 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--drain-timeout", hint="SECONDS", env="TROUPE_DRAIN_TIMEOUT"),
     _opt("--drain-after", hint="SECONDS", env="TROUPE_DRAIN_AFTER"),
     _opt("--cpu-placement", hint="auto|off", env="TROUPE_CPU_PLACEMENT"),
+    _opt("--access-log", hint="on|off", env="TROUPE_ACCESS_LOG"),
 )
 
 
@@ -132,6 +133,7 @@ class RouterSettings:
     # "auto": each child gets threads and a CPU set of its own (troupe.sched.cpu); "off":
     # children take the engine's defaults, as llama.cpp's router.
     cpu_placement: str = "auto"
+    access_log: bool = False  # one log line per proxied request (troupe.ops.access)
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20
     # Every llama-server option from the command line, forwarded to children (spec §2.5).
@@ -378,5 +380,6 @@ def build_settings(
             "--cpu-placement", own.text("--cpu-placement", "auto"), CPU_PLACEMENTS
         ),
         memory_margin_bytes=_margin(own.text("--models-memory-margin", "1024")),
+        access_log=_choice("--access-log", own.text("--access-log", "off"), ("on", "off")) == "on",
         base_args=tuple({**(config or {}), **cli}.items()),
     )

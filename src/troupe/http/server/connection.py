@@ -70,6 +70,19 @@ def _with_raw_socket(stream: trio.SocketStream) -> tuple[trio.SocketStream, sock
     return trio.SocketStream(trio.socket.from_stdlib_socket(raw)), raw
 
 
+def _peer_of(raw: socket.socket | None) -> str:
+    if raw is None:
+        return "-"  # TLS: not worth digging out of the SSL stream
+    try:
+        name = raw.getpeername()
+    except OSError:
+        return "-"
+    if isinstance(name, tuple):
+        host, port = name[0], name[1]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return "unix"
+
+
 class Connection:
     def __init__(self, server: HttpServer, stream: trio.abc.Stream) -> None:
         self.server = server
@@ -85,6 +98,14 @@ class Connection:
         self.broken = False
         self.idle_scope: trio.CancelScope | None = None  # set while between requests
         self.request_scope: trio.CancelScope | None = None  # set while a request runs
+        self._peer: str | None = None
+
+    @property
+    def peer(self) -> str:
+        """The client's address (``host:port``; ``unix`` on a UNIX socket), read once."""
+        if self._peer is None:
+            self._peer = _peer_of(self.raw)
+        return self._peer
 
     async def run(self) -> None:
         try:

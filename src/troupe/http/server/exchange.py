@@ -103,6 +103,11 @@ class Exchange:
         return self._params
 
     @property
+    def client(self) -> str:
+        """The client's address, for the access log."""
+        return self._conn.peer
+
+    @property
     def server_stopping(self) -> bool:
         """The server is being stopped hard: streams should end with a last word."""
         return self._conn.server.stopping

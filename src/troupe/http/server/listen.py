@@ -8,6 +8,7 @@ reported are the ones actually bound. A UNIX socket path is unlinked before bind
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import ssl
@@ -75,23 +76,33 @@ async def _unix_listener(path: Path) -> trio.SocketListener:
     return trio.SocketListener(sock)
 
 
+def _bind_error(host: str, port: int, exc: OSError) -> ConfigError:
+    """A bind the user's flags made fail, as one line naming the address and the cause."""
+    where = host if host.endswith(".sock") else f"{host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return ConfigError(f"--host {host}: not an address this machine has ({exc.strerror})")
+    if exc.errno == errno.EADDRINUSE:
+        why = "the address is already in use (another server listens there?)"
+    elif exc.errno == errno.EACCES:
+        why = "permission denied" + (" (ports below 1024 need privileges)" if port < 1024 else "")
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        why = "not an address of this machine"
+    else:
+        why = exc.strerror or str(exc)
+    return ConfigError(f"cannot listen on {where}: {why}")
+
+
 async def open_listeners(settings: RouterSettings) -> Bound:
-    """Bind every ``--host``; a failure closes what was bound and raises OSError."""
+    """Bind every ``--host``; a failure closes what was bound and raises ConfigError."""
     context = tls_context(settings)
     scheme = "https" if context is not None else "http"
     bound = Bound([], [], [])
     try:
         for host in settings.hosts:
-            if host.endswith(".sock"):
-                path = Path(host)
-                bound.listeners.append(await _unix_listener(path))
-                bound.unix_paths.append(path)
-                bound.urls.append(f"unix:{path}")
-                continue
-            tcp_listeners = await trio.open_tcp_listeners(settings.port, host=host, backlog=BACKLOG)
-            for tcp in tcp_listeners:
-                bound.listeners.append(tcp)
-                bound.urls.append(_url(scheme, tcp.socket.getsockname()))
+            try:
+                await _listen(bound, host, settings.port, scheme)
+            except OSError as exc:
+                raise _bind_error(host, settings.port, exc) from None
     except BaseException:
         for opened in bound.listeners:
             with contextlib.suppress(Exception):
@@ -104,3 +115,16 @@ async def open_listeners(settings: RouterSettings) -> Bound:
             for listener in bound.listeners
         ]
     return bound
+
+
+async def _listen(bound: Bound, host: str, port: int, scheme: str) -> None:
+    if host.endswith(".sock"):
+        path = Path(host)
+        bound.listeners.append(await _unix_listener(path))
+        bound.unix_paths.append(path)
+        bound.urls.append(f"unix:{path}")
+        return
+    tcp_listeners = await trio.open_tcp_listeners(port, host=host, backlog=BACKLOG)
+    for tcp in tcp_listeners:
+        bound.listeners.append(tcp)
+        bound.urls.append(_url(scheme, tcp.socket.getsockname()))

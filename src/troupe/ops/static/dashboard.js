@@ -1,5 +1,7 @@
 // troupe's dashboard: a card per model, live from /models/sse and /models, a log tail per
-// model from /logs/stream, and two charts from /metrics. Plain script, no build step.
+// model from /logs/stream, two charts from /metrics (seeded with the server's recent
+// samples, /troupe/history, so a reload keeps them), and the recent requests
+// (/troupe/requests). Plain script, no build step.
 //
 // Every data route may need the API key, and a browser's EventSource cannot send an
 // Authorization header, so streams are read with fetch() and the key (asked for once,
@@ -12,6 +14,7 @@
   const CHART_POINTS = 150; // 5 minutes at one sample every 2 s
   const METRICS_EVERY = 2000;
   const MODELS_EVERY = 3000; // in-flight counts change without an event
+  const ACTIVITY_ROWS = 25; // recent requests shown
   const GIB = 1024 ** 3;
 
   let apiKey = sessionStorage.getItem(KEY_STORE) || "";
@@ -154,6 +157,7 @@
     c.field("load").disabled = running;
     c.field("unload").disabled = !running;
     if (status !== "loading") c.field("progress").hidden = true;
+    if (!running) c.field("memory-used").textContent = "-"; // the child is gone
   }
 
   async function act(path, model, c) {
@@ -196,7 +200,8 @@
       const memory = extra.memory || {};
       const source = memory.source ? ` (${memory.source})` : "";
       c.field("memory-need").textContent = bytes(memory.need_bytes) + (memory.need_bytes ? source : "");
-      c.field("memory-used").textContent = bytes(memory.used_bytes);
+      const running = ["loading", "loaded", "sleeping"].includes(item.status.value);
+      c.field("memory-used").textContent = running ? bytes(memory.used_bytes) : "-";
       c.field("cpu").textContent = cpuText(extra.cpu);
       const load = extra.last_load_seconds;
       c.field("last-load").textContent = load == null ? "-" : load.toFixed(2) + " s";
@@ -313,8 +318,12 @@
   function makeChart(el, labels) {
     const series = [{}].concat(labels.map((label, i) => ({
       label, stroke: COLOURS[i % COLOURS.length], width: 2, spanGaps: true })));
+    // The x axis always spans the whole window (seconds since the epoch, as uPlot's
+    // time scale wants), so its ticks read as minutes, not milliseconds of a young page.
+    const span = (CHART_POINTS * METRICS_EVERY) / 1000;
+    const range = (_u, min, max) => [Math.min(min, max - span), max];
     return new uPlot({ width: el.clientWidth || 400, height: 170, series,
-                       scales: { x: { time: true } }, legend: { live: false } },
+                       scales: { x: { time: true, range } }, legend: { live: false } },
                      [[]].concat(labels.map(() => [])), el);
   }
 
@@ -349,7 +358,35 @@
       (max ? ` (at most ${max})` : "") + `, ${value("troupe_queue_depth")} queued`;
   }
 
+  // The server's recent samples: the charts start with the last minutes, not empty.
+  async function loadHistory() {
+    try {
+      const resp = await api("/troupe/history");
+      if (!resp.ok) return;
+      const points = (await resp.json()).points || [];
+      let previous = null;
+      for (const p of points) {
+        push(history.t, p.time);
+        for (const [dev, used] of Object.entries(p.memory_used)) {
+          if (!history.devices.has(dev)) history.devices.set(dev, history.t.slice(0, -1).map(() => null));
+          push(history.devices.get(dev), used / GIB);
+        }
+        for (const [dev, list] of history.devices) if (!(dev in p.memory_used)) push(list, null);
+        const rate = previous ? (p.requests - previous.requests) / Math.max(0.001, p.time - previous.time) : 0;
+        push(history.rps, Math.max(0, rate));
+        push(history.inFlight, p.in_flight);
+        previous = p;
+      }
+      if (previous) lastRequests = { n: previous.requests, t: previous.time };
+      $("charts").dataset.history = String(points.length);
+      if (points.length) drawCharts();
+    } catch (err) {
+      if (err instanceof NeedKey) throw err;
+    }
+  }
+
   function drawCharts() {
+    $("charts").dataset.points = String(history.t.length);
     const devices = [...history.devices.keys()];
     if (!charts.memory || charts.memory.series.length !== devices.length + 1) {
       if (charts.memory) charts.memory.destroy();
@@ -358,6 +395,8 @@
     charts.memory.setData([history.t, ...devices.map((d) => history.devices.get(d))]);
     if (!charts.requests) charts.requests = makeChart($("chart-requests"), ["req/s", "in flight"]);
     charts.requests.setData([history.t, history.rps, history.inFlight]);
+    const x = charts.requests.scales.x;
+    $("charts").dataset.span = String(Math.round(x.max - x.min)); // seconds the x axis spans
   }
 
   async function pollMetrics(signal) {
@@ -368,11 +407,44 @@
           recordMetrics(parseMetrics(await resp.text()), Date.now() / 1000);
           drawCharts();
         }
+        await refreshActivity(signal);
       } catch (err) {
         if (err instanceof NeedKey) return askForKey(err.message);
       }
       await sleep(METRICS_EVERY);
     }
+  }
+
+  // ----- recent requests (/troupe/requests) -------------------------------------------------
+
+  const fmtMs = (s) => (s == null ? "-" : s < 1 ? (s * 1000).toFixed(0) + " ms" : s.toFixed(2) + " s");
+
+  async function refreshActivity(signal) {
+    const resp = await api("/troupe/requests?limit=" + ACTIVITY_ROWS, { signal });
+    if (!resp.ok) return;
+    const rows = (await resp.json()).data;
+    const body = document.createDocumentFragment();
+    for (const r of rows) {
+      const tr = document.createElement("tr");
+      tr.dataset.model = r.model;
+      tr.dataset.status = String(r.status);
+      const tokens = r.prompt_tokens == null && r.completion_tokens == null
+        ? "-" : `${r.prompt_tokens ?? 0} + ${r.completion_tokens ?? 0}`;
+      const waited = (r.queue_wait || 0) + (r.load_wait || 0);
+      const cells = [
+        new Date(r.time * 1000).toLocaleTimeString(), r.model || "-", `${r.method} ${r.path}`,
+        String(r.status), fmtMs(waited), fmtMs(r.ttft ?? r.ttfb), fmtMs(r.duration), tokens,
+        r.tokens_per_second == null ? "-" : r.tokens_per_second.toFixed(1), r.error || "",
+      ];
+      for (const text of cells) {
+        const td = document.createElement("td");
+        td.textContent = text;
+        tr.appendChild(td);
+      }
+      if (r.error) tr.className = "failed";
+      body.appendChild(tr);
+    }
+    $("activity-rows").replaceChildren(body);
   }
 
   window.addEventListener("resize", () => {
@@ -398,6 +470,11 @@
       showError(String(err));
     }
     if (signal.aborted) return;
+    try {
+      await loadHistory();
+    } catch (err) {
+      if (err instanceof NeedKey) return askForKey(err.message);
+    }
     $("key-error").textContent = "";
     $("forget-key").hidden = !apiKey;
     const live = () => {

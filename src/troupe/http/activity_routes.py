@@ -1,0 +1,51 @@
+"""troupe's own views of what it is doing: ``GET /troupe/requests`` (the recent proxied
+requests, newest first; ``?model=``, ``?limit=``) and ``GET /troupe/version``."""
+
+from __future__ import annotations
+
+from troupe import __version__
+from troupe.http.respond import send_error, send_json
+from troupe.http.server.exchange import Exchange
+from troupe.ops.history import HISTORY_EVERY
+from troupe.router import Router
+
+__all__ = ["history", "recent_requests", "version"]
+
+DEFAULT_LIMIT = 100
+
+
+async def recent_requests(router: Router, ex: Exchange) -> None:
+    params = ex.params
+    name = params.get("model", "")
+    model: str | None = None
+    if name:
+        entry = router.catalog.resolve(name)
+        model = entry.name if entry is not None else name  # a name asked for, served or not
+    limit_text = params.get("limit", "")
+    if limit_text and not limit_text.isdigit():
+        await send_error(ex, "limit must be a number", "invalid_request_error")
+        return
+    limit = int(limit_text) if limit_text else DEFAULT_LIMIT
+    items = [rec.to_json() for rec in router.requests.recent(model, limit)]
+    await send_json(ex, {"object": "list", "data": items})
+
+
+async def version(router: Router, ex: Exchange) -> None:
+    engine = router.engine
+    await send_json(
+        ex,
+        {
+            "troupe": __version__,
+            "engine": {
+                "path": str(engine.path),
+                "version": engine.version,
+                "source": engine.source,
+            },
+        },
+    )
+
+
+async def history(router: Router, ex: Exchange) -> None:
+    """The dashboard's recent samples (`troupe.ops.history`), oldest first."""
+    points = [p.to_json() for p in router.history.points()]
+    await send_json(ex, {"interval": HISTORY_EVERY, "points": points})

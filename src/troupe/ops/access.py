@@ -1,0 +1,253 @@
+"""One record per proxied request: the access log line, the recent-requests ring and the
+per-model request metrics all read the same `AccessRecord`.
+
+The request path fills an `AccessRecord` as the request goes (its wait for the model,
+then the relay's figures: status, first byte, bytes, and the child's own ``usage`` and
+``timings`` read from the tail of its answer) and hands it to `RequestLog.record` once,
+when the request ends, whatever the outcome. The ring is bounded; the log line is
+written only with ``--access-log on``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+import trio
+
+__all__ = ["AccessRecord", "RequestLog", "read_usage"]
+
+log = logging.getLogger("troupe.access")
+
+RING_SIZE = 512  # recent requests kept for GET /troupe/requests and the dashboard
+PENDING_MAX = 10_000  # access lines not yet written (beyond: the oldest are dropped)
+WRITE_EVERY = 0.05  # seconds: lines go out in batches, one write each, off the request path
+_DECODER = json.JSONDecoder()
+
+
+@attrs.define(slots=True)
+class AccessRecord:
+    """What one proxied request did; times in seconds from its arrival."""
+
+    time: float  # wall clock (epoch seconds) of its arrival
+    client: str
+    method: str
+    path: str
+    route: str  # the bounded route label (metrics)
+    model: str = ""
+    status: int = 0
+    queue_wait: float | None = None  # waiting for a slot (or in the queue)
+    load_wait: float | None = None  # waiting for the model's child to load
+    ttfb: float | None = None  # the answer's first byte went to the client
+    ttft: float | None = None  # a stream's first event after its head (first token)
+    duration: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    tokens_per_second: float | None = None  # the child's own generation speed
+    bytes_in: int = 0
+    bytes_out: int = 0
+    stream: bool = False
+    catalogued: bool = False  # ``model`` is the catalogue's name (else what was asked)
+    conversation: str | None = None
+    error: str | None = None  # why it failed, when it did
+
+    def to_json(self) -> dict[str, Any]:
+        out = {name: getattr(self, name) for name in _FIELDS}  # attrs.asdict: 4x slower
+        for key in _SECONDS:
+            value = out[key]
+            if value is not None:
+                out[key] = round(value, 4)
+        return out
+
+    def text(self) -> str:
+        """The access log's text form: one line, ``key=value`` after the request line."""
+        parts = [f'{self.client} "{self.method} {self.path}" {self.status}']
+        parts.append(f"model={self.model or '-'}")
+        for key, value in (
+            ("queue", self.queue_wait),
+            ("load", self.load_wait),
+            ("ttfb", self.ttfb),
+            ("ttft", self.ttft),
+            ("duration", self.duration),
+        ):
+            if value is not None:
+                parts.append(f"{key}={value * 1000:.1f}ms")
+        if self.prompt_tokens is not None or self.completion_tokens is not None:
+            parts.append(f"tokens={self.prompt_tokens or 0}+{self.completion_tokens or 0}")
+        if self.tokens_per_second is not None:
+            parts.append(f"tps={self.tokens_per_second:.1f}")
+        parts.append(f"bytes={self.bytes_in}/{self.bytes_out}")
+        if self.conversation:
+            parts.append(f"conv={self.conversation}")
+        if self.error:
+            parts.append(f"error={json.dumps(self.error)}")
+        return " ".join(parts)
+
+
+_FIELDS = tuple(f.name for f in attrs.fields(AccessRecord))
+_SECONDS = ("queue_wait", "load_wait", "ttfb", "ttft", "duration", "tokens_per_second")
+
+
+def _object_after(tail: bytes, key: bytes) -> dict[str, Any] | None:
+    """The JSON object that follows the last ``"key":`` in ``tail``, or None."""
+    at = tail.rfind(b'"' + key + b'"')
+    if at < 0:
+        return None
+    start = tail.find(b"{", at)
+    if start < 0:
+        return None
+    try:
+        value, _ = _DECODER.raw_decode(tail[start:].decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _int(obj: dict[str, Any] | None, key: str) -> int | None:
+    value = obj.get(key) if obj is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def read_usage(tail: bytes, record: AccessRecord) -> None:
+    """The child's ``usage`` and ``timings`` (llama-server puts both in a JSON answer
+    and in a stream's last event), from the last bytes of its answer."""
+    if b'"timings"' not in tail and b'"usage"' not in tail:
+        return
+    usage = _object_after(tail, b"usage")
+    timings = _object_after(tail, b"timings")
+    prompt = _int(usage, "prompt_tokens") or _int(usage, "input_tokens")
+    completion = _int(usage, "completion_tokens") or _int(usage, "output_tokens")
+    if timings is not None:
+        prompt = prompt if prompt is not None else _int(timings, "prompt_n")
+        completion = completion if completion is not None else _int(timings, "predicted_n")
+        speed = timings.get("predicted_per_second")
+        if isinstance(speed, int | float) and not isinstance(speed, bool) and speed > 0:
+            record.tokens_per_second = float(speed)
+    record.prompt_tokens = prompt
+    record.completion_tokens = completion
+
+
+class RequestLog:
+    """The recent requests (a bounded ring), the access log line, and whoever else
+    wants each record as it ends (the metrics)."""
+
+    def __init__(self, *, enabled: bool = False, size: int = RING_SIZE) -> None:
+        self.enabled = enabled  # --access-log: one log line per request
+        self._ring: collections.deque[AccessRecord] = collections.deque(maxlen=size)
+        self._listeners: list[Callable[[AccessRecord], None]] = []
+        self._recorded = trio.Event()  # set (and replaced) at a record someone waits for
+        self._waiting = 0
+        self._pending: collections.deque[AccessRecord] = collections.deque(maxlen=PENDING_MAX)
+        self._wake = trio.Event()
+
+    def add_listener(self, listener: Callable[[AccessRecord], None]) -> None:
+        self._listeners.append(listener)
+
+    def record(self, rec: AccessRecord) -> None:
+        self._ring.append(rec)
+        for listener in self._listeners:
+            listener(rec)
+        if self.enabled:
+            self._pending.append(rec)
+            self._wake.set()
+        if self._waiting:
+            self._recorded.set()
+            self._recorded = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[AccessRecord], bool]) -> AccessRecord:
+        """The newest record that matches ``predicate``, waiting for it (no polling)."""
+        while True:
+            found = next((r for r in self.recent() if predicate(r)), None)
+            if found is not None:
+                return found
+            self._waiting += 1
+            try:
+                await self._recorded.wait()
+            finally:
+                self._waiting -= 1
+
+    async def write_lines(self) -> None:
+        """Write the access lines as they come, a batch per ``WRITE_EVERY`` (run it in
+        the service's nursery; without it, lines wait in a bounded buffer)."""
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                await trio.sleep(WRITE_EVERY)  # let a burst gather: one write for all of it
+                self.flush()
+        finally:
+            self.flush()  # the last requests' lines, as the service stops
+
+    def flush(self) -> None:
+        """Write every pending line now, through the ``troupe.access`` logger's handlers:
+        troupe's own stream handler gets the batch in one write, others each record."""
+        if not self._pending or not log.isEnabledFor(logging.INFO):
+            self._pending.clear()
+            return
+        batch = [_log_record(rec) for rec in self._pending]
+        self._pending.clear()
+        for handler in _handlers(log):
+            if type(handler) is logging.StreamHandler and not handler.filters:
+                text = "".join(handler.format(r) + handler.terminator for r in batch)
+                handler.acquire()
+                try:
+                    handler.stream.write(text)
+                    handler.flush()
+                finally:
+                    handler.release()
+            else:
+                for record in batch:
+                    if record.levelno >= handler.level:
+                        handler.handle(record)
+
+    def recent(self, model: str | None = None, limit: int | None = None) -> Iterator[AccessRecord]:
+        """Newest first; only ``model``'s when given."""
+        count = 0
+        for rec in reversed(self._ring):
+            if model and rec.model != model:
+                continue
+            if limit is not None and count >= limit:
+                return
+            count += 1
+            yield rec
+
+
+_TEMPLATE: dict[str, object] | None = None
+_START: float = getattr(logging, "_startTime", 0.0)  # what relativeCreated counts from
+
+
+def _log_record(rec: AccessRecord) -> logging.LogRecord:
+    """The access line as a log record, made from a template: ``makeRecord`` (the caller,
+    thread and process lookups) costs more than the line itself."""
+    global _TEMPLATE  # noqa: PLW0603  (made once, in the thread that writes the lines)
+    if _TEMPLATE is None:
+        _TEMPLATE = log.makeRecord(log.name, logging.INFO, "", 0, "", (), None).__dict__
+    record = logging.LogRecord.__new__(logging.LogRecord)
+    fields = dict(_TEMPLATE)
+    created = rec.time + rec.duration  # when the request ended
+    fields.update(
+        msg=rec.text(),
+        created=created,
+        msecs=int((created - int(created)) * 1000) + 0.0,
+        relativeCreated=(created - _START) * 1000,
+        model=rec.model or None,
+        access=rec,
+    )
+    record.__dict__ = fields
+    return record
+
+
+def _handlers(logger: logging.Logger) -> list[logging.Handler]:
+    """The handlers a record of ``logger`` reaches, as `Logger.callHandlers` walks them."""
+    found: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        found += current.handlers
+        if not current.propagate:
+            break
+        current = current.parent
+    return found
