@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl
 from troupe.api import JSON_TYPE, strip_prefix
 from troupe.catalog import ModelEntry
 from troupe.http.errors import NOT_FOUND_BODY, failure_body, middleware_error_body
+from troupe.http.keys import ring_for
 from troupe.http.models_json import architecture_of
 from troupe.http.proxy_routes import autoload_flag, validate_model
 from troupe.http.respond import retry_after
@@ -100,7 +101,8 @@ async def serve_realtime(ctx: Router, request: WebSocketRequest) -> None:
         await _reject(request, 503, body)
         return
     api_key = client_key(request)
-    if ctx.settings.api_keys and api_key not in ctx.settings.api_keys:
+    keys = ring_for(ctx.settings)
+    if keys and keys.match(api_key or "") is None:
         log.warning("unauthorized: Invalid API Key")
         body = middleware_error_body("Invalid API Key", "authentication_error", 401)
         await _reject(request, 401, body)
