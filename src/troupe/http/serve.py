@@ -38,7 +38,6 @@ def server_config(settings: RouterSettings) -> ServerConfig:
         body_timeout=settings.body_timeout,
         max_connections=settings.max_connections,
         ws_max_message=settings.ws_max_message_bytes,
-        ws_idle_timeout=settings.ws_idle_timeout,
     )
 
 

@@ -24,10 +24,6 @@ class ServerConfig:
     # except `health_reserve` more that may ask for GET /health.
     max_connections: int = 1024
     health_reserve: int = 16
-    # A WebSocket session: a ping this often, closed when no pong comes within as long,
-    # or when the client sends nothing for `ws_idle_timeout` (--ws-idle-timeout).
-    ws_ping_interval: float = 20.0
-    ws_idle_timeout: float = 300.0
     ws_max_message: int = 16 << 20  # --ws-max-message-mib
     # Pipelined bytes read ahead while a response is written (the rest waits in the
     # socket, which is backpressure on the client).
