@@ -228,6 +228,7 @@ class RequestParser:
             raise BadRequest(400, "invalid request: HTTP/0.9 is not supported")
         target = self._url
         hosts = 0
+        codings: list[bytes] = []
         if target[:1] != b"/" and b"://" in target:
             target = self._absolute_form(request, target)
         request.target = target
@@ -242,14 +243,16 @@ class RequestParser:
             elif key == b"content-length":
                 request.content_length = int(value)  # llhttp checked it is a number
             elif key == b"transfer-encoding":
-                request.chunked = b"chunked" in value.lower()
+                codings.append(value)
             elif key == b"expect":
                 request.expect_continue = value.lower() == b"100-continue"
             elif key == b"upgrade":
                 request.upgrade = value.lower() == b"websocket"
-        if hosts != 1 and request.http_version == "1.1":
+        if codings:
+            request.chunked = _chunked_only(codings)
+        if hosts > 1 or (not hosts and request.http_version == "1.1"):
             # RFC 9112 3.2: a server MUST answer 400 to an HTTP/1.1 request without a
-            # Host or with more than one.
+            # Host, and to any request with more than one.
             raise BadRequest(400, "invalid request: " + ("no Host" if not hosts else "two Host"))
         request.max_body = self.max_body
         self.head_done = True
@@ -300,6 +303,18 @@ class RequestParser:
         self.current = None
         self.head_done = False
         self.ready.append(request)
+
+
+def _chunked_only(fields: list[bytes]) -> bool:
+    """Transfer-Encoding must say exactly ``chunked`` (RFC 9112 6.1: chunked not last is
+    a 400; a coding troupe does not know is a 501), so no two readers can frame the
+    body differently."""
+    codings = [c.strip(b" \t").lower() for c in b",".join(fields).split(b",")]
+    if codings == [b"chunked"]:
+        return True
+    if not codings or codings[-1] != b"chunked":
+        raise BadRequest(400, "invalid request: Transfer-Encoding does not end with chunked")
+    raise BadRequest(501, "unsupported Transfer-Encoding (only chunked is)")
 
 
 def _reason(exc: Exception) -> str:
