@@ -21,6 +21,8 @@ class Echo:
         self.hold_health = False  # GET /health waits for `release` (set `entered` first)
         self.entered = trio.Event()
         self.release = trio.Event()
+        self.holding = 0  # requests for /hold waiting for `release`
+        self.two_held = trio.Event()
 
     def base_head(self, request: Request) -> bytes:
         return b"Server: llama.cpp\r\n"
@@ -30,6 +32,11 @@ class Echo:
 
     async def serve(self, exchange: Exchange) -> None:
         self.seen.append(exchange.request)
+        if exchange.path == "/hold":
+            self.holding += 1
+            if self.holding == 2:
+                self.two_held.set()
+            await self.release.wait()
         if exchange.path == "/health" and self.hold_health:
             self.entered.set()
             await self.release.wait()
@@ -112,12 +119,12 @@ async def test_past_the_connection_cap_only_health_is_answered_then_503() -> Non
         config = ServerConfig(max_connections=2, health_reserve=1, keep_alive_timeout=30)
         server, handler, port = await start(nursery, config)
         held = []
-        for _ in range(2):  # the cap, each open and idle after one request
+        for _ in range(2):  # the cap, each busy with a request that waits
             s = await trio.open_tcp_stream("127.0.0.1", port)
-            await s.send_all(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
-            with trio.fail_after(10):
-                assert (await s.receive_some(65536)).startswith(b"HTTP/1.1 200 ")
+            await s.send_all(b"GET /hold HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             held.append(s)
+        with trio.fail_after(10):
+            await handler.two_held.wait()
         probe = await trio.open_tcp_stream("127.0.0.1", port)  # in the reserve
         await probe.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert (await read_all(probe)).startswith(b"HTTP/1.1 200 ")  # answered, then closed
@@ -139,9 +146,38 @@ async def test_past_the_connection_cap_only_health_is_answered_then_503() -> Non
         handler.release.set()
         assert (await read_all(reserve)).startswith(b"HTTP/1.1 200 ")
         for s in held:
+            assert (await read_all(s)).startswith(b"HTTP/1.1 200 ")
+        await server.drain(0)
+        assert len(handler.seen) == 4  # the two held, /health twice
+
+
+async def test_at_the_cap_a_new_connection_takes_the_place_of_an_idle_one() -> None:
+    async with trio.open_nursery() as nursery:
+        config = ServerConfig(max_connections=2, health_reserve=0, keep_alive_timeout=30)
+        server, _, port = await start(nursery, config)
+        idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
+        for s in idle:  # one request each, then idle on keep-alive
+            await s.send_all(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+            with trio.fail_after(10):
+                assert (await s.receive_some(65536)).startswith(b"HTTP/1.1 200 ")
+        new = await trio.open_tcp_stream("127.0.0.1", port)
+        await new.send_all(b"GET /b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await read_all(new)).startswith(b"HTTP/1.1 200 ")  # served, not 503
+        closed: list[trio.SocketStream] = []
+        with trio.fail_after(10):
+            async with trio.open_nursery() as watchers:
+
+                async def watch(s: trio.SocketStream) -> None:
+                    if await s.receive_some(65536) == b"":
+                        closed.append(s)
+                        watchers.cancel_scope.cancel()
+
+                for s in idle:
+                    watchers.start_soon(watch, s)
+        assert len(closed) == 1  # one idle connection made room, without an answer
+        for s in idle:
             await s.aclose()
         await server.drain(0)
-        assert len(handler.seen) == 4  # two on the held connections, /health twice
 
 
 async def test_trailer_fields_are_dropped_not_merged_into_headers() -> None:

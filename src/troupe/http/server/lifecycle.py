@@ -72,12 +72,15 @@ class HttpServer:
             return
         open_now = len(self.connections)
         cap = self.config.max_connections
-        if open_now >= cap + self.config.health_reserve:
-            await _turn_away(stream)
-            return
-        # Past the cap, a few more may still ask GET /health (a probe must see that the
-        # router is alive and merely full); anything else there gets the 503.
-        conn = Connection(self, stream, reserve=open_now >= cap)
+        reserve = False
+        if open_now >= cap and not self._close_an_idle_one():
+            if open_now >= cap + self.config.health_reserve:
+                await _turn_away(stream)
+                return
+            # Past the cap with none idle, a few more may still ask GET /health (a probe
+            # must see that the router is alive and merely full); others get the 503.
+            reserve = True
+        conn = Connection(self, stream, reserve=reserve)
         self.connections.add(conn)
         try:
             await conn.run()
@@ -85,6 +88,16 @@ class HttpServer:
             self.connections.discard(conn)
             if not self.connections and self.draining:
                 self._no_connections.set()
+
+    def _close_an_idle_one(self) -> bool:
+        """At the cap, a new connection takes the place of one that sits idle (between
+        requests, or silent since it opened), as nginx reuses keep-alive connections:
+        an idle flood cannot lock clients out, and memory stays bounded."""
+        for conn in self.connections:
+            if conn.idle_scope is not None and not conn.idle_scope.cancel_called:
+                conn.cancel_idle()
+                return True
+        return False
 
     def request_started(self) -> None:
         self.in_flight += 1

@@ -307,14 +307,15 @@ class RequestParser:
 
 def _chunked_only(fields: list[bytes]) -> bool:
     """Transfer-Encoding must say exactly ``chunked`` (RFC 9112 6.1: chunked not last is
-    a 400; a coding troupe does not know is a 501), so no two readers can frame the
-    body differently."""
+    a 400; a coding troupe does not know SHOULD be a 501, a 400 here: the client's
+    request is at fault, and a 5xx would read as troupe's), so no two readers can frame
+    the body differently."""
     codings = [c.strip(b" \t").lower() for c in b",".join(fields).split(b",")]
     if codings == [b"chunked"]:
         return True
     if not codings or codings[-1] != b"chunked":
         raise BadRequest(400, "invalid request: Transfer-Encoding does not end with chunked")
-    raise BadRequest(501, "unsupported Transfer-Encoding (only chunked is)")
+    raise BadRequest(400, "invalid request: unsupported Transfer-Encoding (only chunked is)")
 
 
 def _reason(exc: Exception) -> str:
