@@ -243,3 +243,23 @@ async def test_named_keys_authenticate_and_logs_name_them(
     assert "GET /v1/models by alice" in caplog.text
     assert "GET /v1/models by key-1" in caplog.text
     assert "k-alice" not in caplog.text
+
+
+async def test_a_websocket_upgrade_from_a_rebinding_host_is_refused(
+    fake_router: RouterFactory,
+) -> None:
+    wire = (
+        b"GET /v1/realtime?model=a HTTP/1.1\r\nHost: %b\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    async with fake_router({"a": {}}) as router:
+        stream = await connect(router)
+        await stream.send_all(wire % b"rebind.example")
+        got = await first_answer(stream)
+        assert got.startswith(b"HTTP/1.1 403 "), got[:80]
+        await stream.aclose()
+        stream = await connect(router)
+        await stream.send_all(wire % b"127.0.0.1")
+        assert (await first_answer(stream)).startswith(b"HTTP/1.1 101 ")
+        await stream.aclose()
