@@ -30,6 +30,7 @@ EXAMPLES = {
     "limits": (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: h\r\n\r\n", "error", "request"),
     "obs-fold": (b"GET / HTTP/1.1\r\nHost: h\r\nX: a\r\n b\r\n\r\n", "error", "request"),
     "request-line-spaces": (b"GET /x  HTTP/1.1\r\nHost: h\r\n\r\n", "request", "error"),
+    "http2-preface": (b"PRI / HTTP/1.0\r\n\r\n", "error", "request"),
     "unknown-method": (b"FROB / HTTP/1.1\r\nHost: h\r\n\r\n", "error", "request"),
     "leading-empty-lines": (b"\r\nGET / HTTP/1.1\r\nHost: h\r\n\r\n", "request", "error"),
     "version": (b"GET / HTTP/1.2\r\nHost: h\r\n\r\n", "error", "request"),

@@ -123,6 +123,7 @@ def corpus() -> list[Case]:
         Case("proxied-close", _post(ok_body), frozenset({"2xx"}), must_close=True),
         # Issue 21's rows (RFC 9112, decided at the head, local routes' errors in JSON):
         Case("http09", b"GET /health\r\n\r\n", CLEAR_OR_CLOSE),
+        Case("h2-preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", CLEAR_OR_CLOSE),
         Case("no-host", b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n", CLEAR),
         Case("two-hosts", _req("GET", "/health", ["Host: localhost", *close]), CLEAR),
         Case("absolute-form", b"GET http://127.0.0.1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n"

@@ -127,6 +127,13 @@ def _unknown_method(data: bytes, ours: Outcome, theirs: Outcome) -> bool:
     return ours.kind == "error" and theirs.kind == "request" and method not in _KNOWN_METHODS
 
 
+def _http2_preface(data: bytes, ours: Outcome, theirs: Outcome) -> bool:
+    # PRI, HTTP/2's preface (prior knowledge): troupe refuses it at once (llhttp alone
+    # would wait for the rest of the preface until the head deadline); h11 takes PRI
+    # as any other method.
+    return _request_line(data).startswith(b"PRI ") and ours.kind == "error"
+
+
 def _leading_empty_lines(data: bytes, ours: Outcome, theirs: Outcome) -> bool:
     # RFC 9112 2.2: a server SHOULD ignore at least one empty line before the request
     # line; llhttp does (bounded by the head deadline), h11 refuses.
@@ -228,6 +235,7 @@ CHOICES: tuple[tuple[str, Choice], ...] = (
     ("limits", _limits),
     ("obs-fold", _obs_fold),
     ("request-line-spaces", _request_line_spaces),
+    ("http2-preface", _http2_preface),
     ("unknown-method", _unknown_method),
     ("leading-empty-lines", _leading_empty_lines),
     ("version", _version),

@@ -195,6 +195,10 @@ class RequestParser:
         self._head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
+        if not self._url and self._parser.get_method() == b"PRI":
+            # HTTP/2's preface (prior knowledge): llhttp would wait for the rest of it
+            # until the head deadline; troupe speaks HTTP/1.1 only, so say so now.
+            raise BadRequest(400, "invalid request: HTTP/2 is not supported (HTTP/1.1 is)")
         self._url += url
         if len(self._url) > MAX_TARGET:
             raise BadRequest(414, "request target too long")
