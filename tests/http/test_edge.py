@@ -182,7 +182,9 @@ async def test_absolute_form_target_with_a_key_is_served(fake_router: RouterFact
         assert json.loads(body_of(got))["data"][0]["id"] == "a"
 
 
-@pytest.mark.parametrize("path", ["/health", "/v1/models", "/props", "/models/sse", "/troupe/"])
+@pytest.mark.parametrize(
+    "path", ["/health", "/v1/models", "/props", "/models/sse", "/troupe/", "/props?model=a"]
+)
 async def test_head_is_get_without_a_body(fake_router: RouterFactory, path: str) -> None:
     async with fake_router({"a": {}}) as router:
         stream = await connect(router)
