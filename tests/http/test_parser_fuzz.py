@@ -37,7 +37,7 @@ EXAMPLES = {
     "target-bytes": (b"GET http://u@h/x HTTP/1.1\r\nHost: h\r\n\r\n", "error", "request"),
     "header-bytes": (b"GET / HTTP/1.1\r\nHost: h\r\nX: a\x7fb\r\n\r\n", "error", "request"),
     "duplicate-content-length": (
-        b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx",
+        b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1, 1\r\n\r\nx",
         "error",
         "request",
     ),

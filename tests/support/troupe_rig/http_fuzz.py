@@ -166,10 +166,13 @@ def _header_bytes(data: bytes, ours: Outcome, theirs: Outcome) -> bool:
 
 
 def _duplicate_content_length(data: bytes, ours: Outcome, theirs: Outcome) -> bool:
-    # Two Content-Length fields with the same value: RFC 9112 6.3 lets a server take
-    # them as one (h11 does); llhttp refuses every duplicate, which is safe.
+    # Two Content-Length fields, or one with a list ("1, 1"), of the same value: RFC
+    # 9110 8.6 lets a server take them as one (h11 does); llhttp refuses both, which
+    # is safe.
     head = data.split(b"\r\n\r\n", 1)[0].lower()
-    return head.count(b"content-length") > 1 and ours.kind == "error"
+    lines = [ln for ln in head.split(b"\r\n") if ln.startswith(b"content-length")]
+    listed = any(b"," in ln for ln in lines)
+    return (len(lines) > 1 or listed) and ours.kind == "error"
 
 
 def _chunked_and_length(data: bytes, ours: Outcome, theirs: Outcome) -> bool:
