@@ -2,7 +2,9 @@
 venv), side by side on one tiny model and the real engine, measured in alternating
 rounds so that a change in machine load hits both alike. Per round: ``POST /tokenize``
 at c=8 (req/s and troupe's CPU per request) and one streamed ``/completion`` (events/s
-and troupe's CPU per event); medians over the rounds, and the ratios this/other.
+and troupe's CPU per event); then, in front of bench/_relay.py's stand-in child (events
+faster than any relay forwards them), one burst stream each (the relay's own cost per
+event, the steadiest figure); medians over the rounds, and the ratios this/other.
 
     .venv/bin/python bench/proxy_ab.py --other /work/main/.venv/bin/python [--rounds 5]
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+import _relay
 from _util import HttpRequest, run_load, start_process
 from proxy import CHILD_ARGS, MODEL, Target, _cpu, _find_child, _wait_answers, measure_sse
 from troupe.engine import find_engine
@@ -36,6 +39,18 @@ def start(name: str, python: str, engine: Path, tmp: Path, stack: contextlib.Exi
     _wait_answers(proc, f"{url}/tokenize", {"model": MODEL.name, "content": "hello"}, 60)
     model = models_dir / f"{MODEL.name}.gguf"
     return Target(name, url, proc, _find_child(proc, model), psutil.Process(proc.pid))
+
+
+def start_relay(name: str, python: str, tmp: Path, stack: contextlib.ExitStack) -> tuple[str, int]:
+    """troupe in front of the stand-in child that writes events faster than any relay."""
+    argv = [python, "-m", "troupe", "serve", "--engine", str(_relay.write_engine(tmp)),
+            "--state-dir", str(tmp / f"relay-{name}"), "--models-dir", str(tmp / "models"),
+            "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
+    proc = start_process(f"relay-{name}", argv, tmp)
+    stack.callback(proc.stop, 15.0)
+    url = proc.wait_listening(60)
+    _wait_answers(proc, f"{url}/tokenize", {"model": MODEL.name}, 60)
+    return url, proc.pid
 
 
 def main() -> int:
@@ -75,10 +90,21 @@ def main() -> int:
                 row.setdefault("events/s", []).append(sse.result.events_per_s)
                 row.setdefault("CPU us/event", []).append(sse.proxy_cpu_s / events * 1e6)
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    print(f"{'':14}{'this':>10}{'other':>10}{'this/other':>12}")
-    for key in ("req/s", "CPU us/req", "events/s", "CPU us/event"):
+        relays = {
+            "this": start_relay("this", sys.executable, tmp, stack),
+            "other": start_relay("other", args.other, tmp, stack),
+        }
+        for r in range(args.rounds):
+            for name in ("this", "other") if r % 2 == 0 else ("other", "this"):
+                url, pid = relays[name]
+                burst = _relay.burst(url, MODEL.name, 50_000, 1, pid)
+                row = rows[name]
+                row.setdefault("burst events/s", []).append(burst.events_per_s)
+                row.setdefault("burst CPU us/ev", []).append(burst.proxy_cpu_s / burst.events * 1e6)
+    print(f"{'':16}{'this':>10}{'other':>10}{'this/other':>12}")
+    for key in rows["this"]:
         a, b = (statistics.median(rows[n][key]) for n in ("this", "other"))
-        print(f"{key:14}{a:10.1f}{b:10.1f}{a / b:11.3f}x")
+        print(f"{key:16}{a:10.2f}{b:10.2f}{a / b:11.3f}x")
     return 0
 
 
