@@ -208,7 +208,8 @@ async def test_dns_rebinding_host_is_refused_on_loopback(fake_router: RouterFact
             got = await exchange(router, wire % host)
             assert got.startswith(b"HTTP/1.1 403 "), got[:80]
             assert json.loads(body_of(got))["error"]["type"] == "permission_error"
-        for host in (b"localhost:8080", b"127.0.0.1", b"[::1]:1", b"app.localhost"):
+        for host in (b"localhost:8080", b"127.0.0.1", b"[::1]:1", b"app.localhost", b"troupe",
+                     b"192.168.1.5:80"):  # fmt: skip
             assert (await exchange(router, wire % host)).startswith(b"HTTP/1.1 200 "), host
         # A POST with a body: refused before its body is read.
         got = await exchange(

@@ -2,12 +2,12 @@
 
 A web page the user opens can make the browser send requests to a name its author
 controls that then resolves to 127.0.0.1: same origin to the browser, so CORS does
-not stop it. What gives it away is ``Host``: the attacker's name, not a loopback
-one. So when every address troupe listens on is a loopback one, a request whose
-Host is neither a loopback name (``localhost``, ``*.localhost``, 127.0.0.0/8, ::1)
-nor one of ``--allowed-hosts`` is refused (403). Listening on any other address is a
-choice to be reached by other names, and nothing is checked; ``--allowed-hosts *``
-turns the check off.
+not stop it. What gives it away is ``Host``: the attacker's domain name. So when
+every address troupe listens on is a loopback one, a request whose Host is a dotted
+name other than ``localhost`` and ``*.localhost`` and not one of ``--allowed-hosts``
+is refused (403); IP addresses and names without a dot cannot be rebound and pass.
+Listening on any other address is a choice to be reached by other names, and
+nothing is checked; ``--allowed-hosts *`` turns the check off.
 """
 
 from __future__ import annotations
@@ -25,6 +25,20 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _cannot_rebind(host: str) -> bool:
+    """A Host no web page can rebind: an IP address (no DNS is asked, so the browser
+    connects where it says: a page can only name 127.0.0.1 by naming it), a loopback
+    name, or a name without a dot (an nginx upstream's name, this machine's name: not
+    an attacker's domain)."""
+    if _is_loopback(host) or "." not in host:
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def host_name(authority: bytes) -> str:
@@ -53,7 +67,7 @@ class HostCheck:
         verdict = self._seen.get(authority)
         if verdict is None:
             name = host_name(authority)
-            verdict = _is_loopback(name) or name in self.allowed
+            verdict = _cannot_rebind(name) or name in self.allowed
             if len(self._seen) < 256:
                 self._seen[authority] = verdict
         return verdict
