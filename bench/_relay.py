@@ -250,7 +250,7 @@ def idle(url: str, proc: Proc, connections: int) -> IdleResult:
     """RSS before and after ``connections`` idle clients connect (each sent one request,
     so each is a served keep-alive connection, not just an accepted socket)."""
     me = psutil.Process(proc.pid)
-    probe = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    probe = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     time.sleep(0.5)
     before = me.memory_info().rss
     socks = []

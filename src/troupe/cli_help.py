@@ -112,6 +112,14 @@ troupe's own:
                             keep this much free on every device (default: 1024; off)
   --max-body-mib N, --ws-max-message-mib N
                             request body and WebSocket message limits (128, 16)
+  --named-api-keys PATH     more API keys, one `name:key` a line; logs say whose
+                            request it was by name
+  --allowed-hosts HOSTS     on a loopback address, Host names answered beside
+                            loopback ones (comma-separated; `*`: any)
+  --body-timeout SECONDS    a request body must be complete this long after its
+                            head (default: 300)
+  --max-connections N       open connections; past it 503 (default: 1024)
+  --ws-idle-timeout SECONDS close a WebSocket session silent this long (default: 300)
 
 every other llama-server flag (--ctx-size, --n-gpu-layers, --temp, --jinja, ...)
 is accepted, checked against the engine's own option list, and passed to every

@@ -26,7 +26,7 @@ MODEL = "m-Q4_K_M.gguf"
 
 
 async def plan_of(hub: Hub, name: str, token: str = "") -> DownloadPlan:
-    async with open_client(token) as client:
+    async with open_client(token, endpoint=hub.url) as client:
         return await HubClient(client, hub.url).plan(name)
 
 
@@ -44,7 +44,7 @@ def reached(job_file: str, at_least: int) -> tuple[trio.Event, Reporter]:
 async def run_job(
     hub: Hub, plan: DownloadPlan, cache: Path, journal: Journal | None = None, token: str = ""
 ) -> DownloadJob:
-    async with open_client(token) as client:
+    async with open_client(token, endpoint=hub.url) as client:
         job = DownloadJob(plan, cache, client, hub.url, journal=journal, policy=FAST)
         await job.run()
     return job

@@ -31,7 +31,7 @@ async def start_stream(stream: trio.abc.Stream, tokens: int) -> bytes:
     event."""
     body = json.dumps({"model": "a", "prompt": "x", "n_predict": tokens, "stream": True})
     await stream.send_all(
-        b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b"
+        b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n%b"
         % (len(body), body.encode())
     )
     with trio.fail_after(10):
@@ -84,7 +84,7 @@ async def read_response(stream: trio.abc.Stream, buf: bytearray) -> tuple[bytes,
 def tokenize(content: str = "hi") -> bytes:
     body = json.dumps({"model": "a", "content": content}).encode()
     return (
-        b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /tokenize HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
     )
 
@@ -95,10 +95,10 @@ async def test_pipelined_requests_on_one_connection_are_answered_in_order(
     async with fake_router({"a": {}}) as router:
         stream = await connect(router)
         await stream.send_all(
-            b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
             + tokenize()
-            + b"GET /no/such HTTP/1.1\r\nHost: x\r\n\r\n"
-            + b"GET /v1/health HTTP/1.1\r\nHost: x\r\nOrigin: http://o.example\r\n\r\n"
+            + b"GET /no/such HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            + b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\nOrigin: http://o.example\r\n\r\n"
         )
         buf = bytearray()
         answers = [await read_response(stream, buf) for _ in range(4)]
@@ -118,7 +118,7 @@ async def test_a_stream_passes_the_childs_chunks_through(fake_router: RouterFact
         stream = await connect(router)
         body = json.dumps({"model": "a", "prompt": "x", "n_predict": 5, "stream": True}).encode()
         await stream.send_all(
-            b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b"
+            b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n%b"
             % (len(body), body)
         )
         head, data = await read_response(stream, bytearray())
@@ -154,7 +154,7 @@ async def test_a_client_reset_mid_stream_is_no_error(
         for _ in range(3):
             stream = await connect(router)
             await stream.send_all(
-                b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b"
+                b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n%b"
                 % (len(body), body.encode())
             )
             with trio.fail_after(10):
@@ -170,11 +170,12 @@ async def test_a_client_reset_mid_stream_is_no_error(
 @pytest.mark.parametrize(
     ("wire", "status"),
     [
-        (b"BREW /pot HTTP/1.1\r\nHost: x\r\n\r\n", b"400"),
+        (b"BREW /pot HTTP/1.1\r\nHost: localhost\r\n\r\n", b"400"),
         (b"GET / HTTP/9.9\r\n\r\n", b"400"),
         (b"GET /\x00 HTTP/1.1\r\n\r\n", b"400"),
         (
-            b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"POST /tokenize HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+            b"\r\nzz\r\n",
             b"400",
         ),
         (b"GET / HTTP/1.1\r\n" + b"X-Flood: 1\r\n" * 150 + b"\r\n", b"431"),
@@ -206,7 +207,8 @@ async def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(
     async with fake_router({"a": {}}, "--max-body-mib", "1") as router:
         stream = await connect(router)
         await stream.send_all(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\n\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Length: 100000000000\r\n\r\n"
         )
         data = await read_until_closed(stream)  # no body sent: the answer comes anyway
         assert data.startswith(b"HTTP/1.1 413 ")
@@ -218,7 +220,7 @@ async def test_expect_100_continue_gets_its_interim_answer(fake_router: RouterFa
         stream = await connect(router)
         body = json.dumps({"model": "a", "content": "hi"}).encode()
         await stream.send_all(
-            b"POST /tokenize HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"POST /tokenize HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
             b"Content-Length: %d\r\n\r\n" % len(body)
         )
         with trio.fail_after(5):
@@ -255,7 +257,7 @@ async def test_a_chunked_request_body_is_read_and_forwarded(fake_router: RouterF
         stream = await connect(router)
         body = json.dumps({"model": "a", "content": "hello"}).encode()
         await stream.send_all(
-            b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"POST /tokenize HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
             + b"%x\r\n%b\r\n" % (5, body[:5])
             + b"%x\r\n%b\r\n0\r\n\r\n" % (len(body) - 5, body[5:])
         )
@@ -319,7 +321,9 @@ async def test_unix_socket_and_ipv6_hosts(fake_router: RouterFactory, tmp_path: 
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         await sock.connect(str(path))
         stream = trio.SocketStream(sock)
-        await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await stream.send_all(
+            b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
         data = await read_until_closed(stream)
         assert data.startswith(b"HTTP/1.1 200")
         assert data.endswith(b'{"status":"ok"}')
@@ -328,7 +332,7 @@ async def test_unix_socket_and_ipv6_hosts(fake_router: RouterFactory, tmp_path: 
         v6 = await trio.open_tcp_stream(
             "::1", int(router.ctx.http_server.urls[1].rsplit(":", 1)[1])
         )
-        await v6.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await v6.send_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         assert (await read_until_closed(v6)).startswith(b"HTTP/1.1 200")
     assert not path.exists()  # removed when the server stopped
 
@@ -353,7 +357,7 @@ async def test_tls(fake_router: RouterFactory, tmp_path: Path) -> None:
         tcp = await trio.open_tcp_stream("127.0.0.1", port_of(router))
         async with tcp:
             tls = trio.SSLStream(tcp, context, server_hostname="localhost")
-            await tls.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + tokenize())
+            await tls.send_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n" + tokenize())
             buf = bytearray()
             assert (await read_response(tls, buf))[1] == b'{"status":"ok"}'
             head, body = await read_response(tls, buf)
@@ -374,7 +378,7 @@ async def test_a_broken_websocket_handshake_is_answered_as_http(
         stream = await connect(router)
         async with stream:
             await stream.send_all(
-                b"GET /v1/realtime?model=a HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                b"GET /v1/realtime?model=a HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
                 b"Connection: Upgrade\r\nSec-WebSocket-Version: %b\r\nSec-WebSocket-Key: %b\r\n\r\n"
                 % (version.encode(), key.encode())
             )

@@ -8,7 +8,7 @@ import trio
 from troupe.http.server.config import ServerConfig
 from troupe.http.server.exchange import Exchange
 from troupe.http.server.lifecycle import HttpServer
-from troupe.http.server.parse import Request
+from troupe.http.server.parse import Refusal, Request
 
 
 class Echo:
@@ -19,6 +19,11 @@ class Echo:
 
     def base_head(self, request: Request) -> bytes:
         return b"Server: llama.cpp\r\n"
+
+    def admit(self, request: Request) -> Refusal | None:
+        if request.path == "/locked":
+            return Refusal(401, b'{"error":"no"}')
+        return None
 
     async def serve(self, exchange: Exchange) -> None:
         if exchange.path == "/boom":

@@ -214,7 +214,7 @@ async def idle_connections(ctx: Ctx) -> None:
 
 async def _idle_round(ctx: Ctx, n: int, hold: float, *, last: bool) -> None:
     streams: list[trio.SocketStream] = []
-    partial = b"GET /health HTTP/1.1\r\nHost: x\r\n"
+    partial = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
     limiter = trio.CapacityLimiter(100)
     t0 = time.monotonic()
 

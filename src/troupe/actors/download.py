@@ -67,7 +67,7 @@ class DownloadActor:
         if spec.plan is None:
             return self._failed(spec.error, spec.error_status)
         try:
-            async with open_client(spec.token) as client:
+            async with open_client(spec.token, endpoint=spec.endpoint) as client:
                 self.job = DownloadJob(
                     spec.plan,
                     spec.cache,

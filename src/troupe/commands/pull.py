@@ -169,7 +169,7 @@ async def _pull(name: str, token: str, state_dir: Path, mmproj: bool) -> int:
             nursery.start_soon(on_signal)
             nursery.start_soon(progress.tick)
             try:
-                async with open_client(token) as client:
+                async with open_client(token, endpoint=endpoint) as client:
                     plan = await _plan(HubClient(client, endpoint), journal, name, cache, mmproj)
                     job = DownloadJob(
                         plan, cache, client, endpoint, journal=journal, origin="pull",

@@ -10,10 +10,11 @@ the hub's status and reason (`HubError`), so a 404 or 401 reaches the user.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import TYPE_CHECKING
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from troupe import __version__
 from troupe.catalog.hfcache import is_valid_repo_id, split_repo_tag
@@ -52,19 +53,42 @@ def hf_token(environ: Mapping[str, str], flag: str | None = None) -> str:
     return flag or environ.get("HF_TOKEN", "")
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
 def open_client(
-    token: str = "", *, connect_timeout: float = 10, read_timeout: float = 30
+    token: str = "",
+    *,
+    endpoint: str | None = None,
+    connect_timeout: float = 10,
+    read_timeout: float = 30,
 ) -> httpx.AsyncClient:
-    """One client per job: redirects followed (httpx drops ``Authorization`` when a
-    redirect leaves the hub's host, as a CDN redirect does); a read that stalls for
-    ``read_timeout`` seconds is a transient error."""
+    """One client per job: redirects followed; a read that stalls for ``read_timeout``
+    seconds is a transient error. The token goes only to the hub (``endpoint``'s scheme,
+    host and port; default `hf_endpoint` of the environment), as ``huggingface_hub``
+    does: a ``Link: rel="next"`` page or a file URL elsewhere is asked for without it,
+    and httpx drops it from a redirect that leaves the hub (a CDN)."""
     import httpx  # noqa: PLC0415  (~8 MiB: only once a download starts)
 
+    hub = _origin(endpoint if endpoint is not None else hf_endpoint(os.environ))
+
+    class HubOnly(httpx.Auth):
+        def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response]:
+            if _origin(str(request.url)) == hub:
+                request.headers["Authorization"] = f"Bearer {token}"
+            yield request
+
     headers = {"User-Agent": f"troupe/{__version__}"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
     timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
-    return httpx.AsyncClient(headers=headers, timeout=timeout, follow_redirects=True)
+    return httpx.AsyncClient(
+        headers=headers,
+        timeout=timeout,
+        follow_redirects=True,
+        auth=HubOnly() if token else None,
+    )
 
 
 def reason(resp: httpx.Response) -> str:

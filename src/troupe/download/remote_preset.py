@@ -54,7 +54,7 @@ def fetch_remote_preset(
 
 
 async def _download(repo: str, name: str, cache: Path, endpoint: str, token: str) -> Path | None:
-    async with open_client(token) as client:
+    async with open_client(token, endpoint=endpoint) as client:
         hub = HubClient(client, endpoint)
         branch, commit = await hub.commit(repo)
         files = await hub.tree(repo, commit)

@@ -84,7 +84,7 @@ class RouterDownloads:
         """``(plan, "", 0)``, or ``(None, why, hub status)``."""
         try:
             with trio.fail_after(PLAN_TIMEOUT):
-                async with open_client(self.token) as client:
+                async with open_client(self.token, endpoint=self.endpoint) as client:
                     return (
                         await HubClient(client, self.endpoint).plan(name, mmproj=self.mmproj),
                         "",

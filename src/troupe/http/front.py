@@ -4,6 +4,12 @@ Order (spec §3.1): CORS headers on every response; OPTIONS answered at once; 50
 until ready; the API key; the route (`troupe.http.routes.ROUTES`: relayed to a child,
 or answered by the router itself; an unknown route is a JSON 404). WebSocket upgrades
 go to the WebSocket door the service plugged in (the realtime API).
+
+All of it is decided at the head (`Front.admit`, called by the server's parser once a
+head is complete, before a byte of the body is read): a refused request with a body
+is answered and its connection closed unread, and ``100 Continue`` only goes to a
+request that will be served. Before all of it, on a loopback listener, the Host
+check (`troupe.http.hosts`). ``HEAD`` is served as ``GET`` without the body.
 """
 
 from __future__ import annotations
@@ -15,9 +21,13 @@ import trio
 from troupe.api import strip_prefix
 from troupe.http import cors
 from troupe.http.errors import NOT_FOUND_BODY, middleware_error_body
-from troupe.http.routing import RouteTable, is_dashboard
+from troupe.http.hosts import HostCheck
+from troupe.http.keys import ring_for
+from troupe.http.proxy_routes import handle_proxy_get, handle_proxy_post, handle_stream_get
+from troupe.http.respond import LOCAL_MAX_BODY
+from troupe.http.routing import Handler, RouteTable, is_dashboard
 from troupe.http.server.exchange import Exchange
-from troupe.http.server.parse import Request
+from troupe.http.server.parse import Refusal, Request
 from troupe.http.upgrade import WebSocketDoor, serve_upgrade
 from troupe.router import Router
 
@@ -29,6 +39,16 @@ PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/"})
 _SERVER = b"Server: llama.cpp\r\n"
 _LOADING = middleware_error_body("Loading model", "unavailable_error", 503)
 _UNAUTHORIZED = middleware_error_body("Invalid API Key", "authentication_error", 401)
+_BAD_HOST = middleware_error_body(
+    "Host not allowed (DNS rebinding protection: see --allowed-hosts)", "permission_error", 403
+)
+_REFUSE_LOADING = Refusal(503, _LOADING)
+_REFUSE_KEY = Refusal(401, _UNAUTHORIZED)
+_REFUSE_HOST = Refusal(403, _BAD_HOST)
+_REFUSE_ROUTE = Refusal(404, NOT_FOUND_BODY)
+# Routes whose body goes to a child (up to --max-body-mib); every other takes a small
+# JSON document (LOCAL_MAX_BODY).
+_RELAYED: frozenset[Handler] = frozenset({handle_proxy_post, handle_proxy_get, handle_stream_get})
 
 
 class Front:
@@ -38,6 +58,8 @@ class Front:
         self.websocket = websocket
         settings = router.settings
         self._prefix = settings.api_prefix
+        self._keys = ring_for(settings)
+        self._hosts = HostCheck(settings.hosts, settings.allowed_hosts)
         self._preflight = [(k.title(), v) for k, v in cors.preflight_headers(settings)]
         self._echo_origin = settings.cors_credentials and settings.cors_origins == "*"
         # Fixed origins: the same CORS line on every response, rendered once.
@@ -55,38 +77,64 @@ class Front:
             return _SERVER + b"".join(b"%b: %b\r\n" % (k.title(), v) for k, v in extra)
         return self._fixed_base
 
-    def _authorized(self, ex: Exchange, route: str | None) -> bool:
-        keys = self.router.settings.api_keys
-        if not keys or ex.path in PUBLIC_PATHS:
-            return True
-        if ex.method == "GET" and route is not None and is_dashboard(route):
-            return True  # the dashboard's page asks for the key and sends it with each request
-        given = ex.header(b"authorization") or ex.header(b"x-api-key") or ""
-        given = given.removeprefix("Bearer ")
-        return given in keys
+    def _key_name(self, request: Request, route: str | None) -> str | None:
+        """Whose key the request carries ("" where none is needed), None if refused."""
+        keys = self._keys
+        if not keys or request.path in PUBLIC_PATHS:
+            return ""
+        if request.method == "GET" and route is not None and is_dashboard(route):
+            return ""  # the dashboard's page asks for the key and sends it with each request
+        given = request.header(b"authorization") or request.header(b"x-api-key") or ""
+        return keys.match(given.removeprefix("Bearer "))
+
+    def admit(self, request: Request) -> Refusal | None:
+        """The whole decision, at the head: a refusal, or the handler in ``request.route``."""
+        if not self._hosts.allows(request.authority):
+            log.warning("refused Host %r (DNS rebinding protection)", request.authority[:100])
+            return _REFUSE_HOST
+        if request.method == "OPTIONS":
+            request.route = self._options
+            return None
+        if not self.router.ready:
+            return _REFUSE_LOADING
+        if request.method == "HEAD":
+            request.method = "GET"  # served as a GET; the exchange sends no body
+        route = strip_prefix(request.path, self._prefix)
+        name = self._key_name(request, route)
+        if name is None:
+            log.warning("unauthorized: Invalid API Key")
+            return _REFUSE_KEY
+        request.key_name = name
+        handler = None if route is None else self.routes.find(request.method, route)
+        if handler is None:
+            return _REFUSE_ROUTE
+        request.route = handler
+        if handler not in _RELAYED and request.max_body > LOCAL_MAX_BODY:
+            request.max_body = LOCAL_MAX_BODY
+        return None
+
+    async def _options(self, router: Router, ex: Exchange) -> None:
+        await ex.respond(200, b"", "text/html", self._preflight)
 
     async def serve(self, ex: Exchange) -> None:
-        router = self.router
-        if ex.method == "OPTIONS":
-            await ex.respond(200, b"", "text/html", self._preflight)
-            return
-        if not router.ready:
-            await ex.respond(503, _LOADING)
-            return
-        route = strip_prefix(ex.path, self._prefix)
-        if not self._authorized(ex, route):
-            log.warning("unauthorized: Invalid API Key")
-            await ex.respond(401, _UNAUTHORIZED)
-            return
-        handler = None if route is None else self.routes.find(ex.method, route)
-        if handler is None:
-            await ex.respond(404, NOT_FOUND_BODY)
-            return
-        await handler(router, ex)
+        request = ex.request
+        handler = request.route
+        if handler is None:  # not admitted yet (a connection past the cap: /health)
+            refusal = self.admit(request)
+            if refusal is not None:
+                await ex.respond_refusal(refusal)
+                return
+            handler = request.route
+        if request.key_name and log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s by %s", request.method, request.path, request.key_name)
+        await handler(self.router, ex)
 
     async def upgrade(self, ex: Exchange, stream: trio.abc.Stream, rest: bytes) -> None:
         """A WebSocket upgrade: 503 before ready, like every request; the door
         authenticates and routes itself."""
+        if not self._hosts.allows(ex.request.authority):
+            await ex.respond(403, _BAD_HOST)
+            return
         if not self.router.ready:
             await ex.respond(503, _LOADING)
             return

@@ -75,6 +75,8 @@ async def send_stream(ex: Exchange, fields: bytes, events: AsyncGenerator[bytes,
     the garbage collector."""
     async with aclosing(events):
         await ex.send(ex.head(200, b"Content-Type: text/event-stream\r\n" + fields, length=None))
+        if ex.request.head_only:
+            return  # HEAD: what the GET's head would be, and no stream
         async for data in events:
             ex.sent += len(data)
             await ex.send(ex.chunk(data))

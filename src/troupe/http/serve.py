@@ -36,6 +36,8 @@ def server_config(settings: RouterSettings) -> ServerConfig:
     return ServerConfig(
         max_body=settings.max_body_bytes,
         read_timeout=float(settings.timeout),
+        body_timeout=settings.body_timeout,
+        max_connections=settings.max_connections,
         ws_max_message=settings.ws_max_message_bytes,
     )
 

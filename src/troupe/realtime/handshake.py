@@ -17,13 +17,14 @@ from urllib.parse import parse_qsl
 from troupe.api import JSON_TYPE, strip_prefix
 from troupe.catalog import ModelEntry
 from troupe.http.errors import NOT_FOUND_BODY, failure_body, middleware_error_body
+from troupe.http.keys import ring_for
 from troupe.http.models_json import architecture_of
 from troupe.http.proxy_routes import autoload_flag, validate_model
 from troupe.http.respond import retry_after
 from troupe.realtime.config import SessionConfig
 from troupe.realtime.events import RealtimeError
 from troupe.realtime.lease import ChildCall
-from troupe.realtime.session import Connection, Limits, Session, SessionModel
+from troupe.realtime.session import Connection, Keepalive, Limits, Session, SessionModel
 from troupe.router import Router
 from troupe.sched import Failure
 
@@ -34,6 +35,7 @@ log = logging.getLogger("troupe.realtime")
 REALTIME_PATHS = frozenset({"/v1/realtime", "/realtime"})
 KEY_SUBPROTOCOL = "openai-insecure-api-key."  # how browsers send a key (no headers there)
 LIMITS = Limits()  # per session: conversation length and size, buffered audio
+PING_INTERVAL = 20.0  # seconds between pings (at most half --ws-idle-timeout)
 Headers = list[tuple[bytes, bytes]]
 
 
@@ -89,6 +91,12 @@ async def _reject(
     await request.reject(status, extra_headers=headers, body=body)
 
 
+async def _ping(conn: Connection) -> None:
+    ping = getattr(conn, "ping", None)  # trio-websocket's; waits for the pong
+    if ping is not None:
+        await ping()
+
+
 async def serve_realtime(ctx: Router, request: WebSocketRequest) -> None:
     """Serve one WebSocket upgrade: refuse it as HTTP, or run a realtime session."""
     path, _, query = request.path.partition("?")
@@ -100,7 +108,8 @@ async def serve_realtime(ctx: Router, request: WebSocketRequest) -> None:
         await _reject(request, 503, body)
         return
     api_key = client_key(request)
-    if ctx.settings.api_keys and api_key not in ctx.settings.api_keys:
+    keys = ring_for(ctx.settings)
+    if keys and keys.match(api_key or "") is None:
         log.warning("unauthorized: Invalid API Key")
         body = middleware_error_body("Invalid API Key", "authentication_error", 401)
         await _reject(request, 401, body)
@@ -131,7 +140,9 @@ async def serve_realtime(ctx: Router, request: WebSocketRequest) -> None:
         modalities=partial(model_modalities, ctx, entry),
     )
     call = ChildCall(ctx, entry.name, autoload, api_key if ctx.settings.api_keys else None)
-    session = Session(conn, model, call, config, LIMITS, stop=ctx.http_stop)
+    idle = ctx.settings.ws_idle_timeout
+    keep = Keepalive(ping=partial(_ping, conn), interval=min(PING_INTERVAL, idle / 2), idle=idle)
+    session = Session(conn, model, call, config, LIMITS, stop=ctx.http_stop, keepalive=keep)
     try:
         await session.run()
     except Exception:

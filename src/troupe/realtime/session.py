@@ -24,7 +24,7 @@ from troupe.realtime.events import Ids, RealtimeError, dumps, error_event, new_i
 from troupe.realtime.lease import ChildCall
 from troupe.realtime.transcribe import AudioBuffer
 
-__all__ = ["Connection", "Limits", "Session", "SessionModel"]
+__all__ = ["Connection", "Keepalive", "Limits", "Session", "SessionModel"]
 
 log = logging.getLogger("troupe.realtime")
 
@@ -50,6 +50,17 @@ class Limits:
 
 
 @attrs.frozen
+class Keepalive:
+    """A session's bounded life: ``ping`` every ``interval`` (a peer that does not
+    answer within as long is gone), and a close once the client has said nothing for
+    ``idle`` seconds while no response runs."""
+
+    ping: Callable[[], Awaitable[None]]
+    interval: float
+    idle: float
+
+
+@attrs.frozen
 class SessionModel:
     """The model a session talks to, as the handshake resolved it."""
 
@@ -67,8 +78,11 @@ class Session:
         config: SessionConfig,
         limits: Limits,
         stop: trio.Event | None = None,
+        keepalive: Keepalive | None = None,
     ) -> None:
         self.conn = conn
+        self._keepalive = keepalive
+        self.last_heard = trio.current_time()  # the client's last message
         self.model = model
         self.call = call
         self.config = config
@@ -90,6 +104,8 @@ class Session:
             nursery.start_soon(self._read, inbox_send)
             if self._stop is not None:
                 nursery.start_soon(self._close_on_stop, self._stop)
+            if self._keepalive is not None:
+                nursery.start_soon(self._keep_alive, self._keepalive)
             await self.emit({"type": "session.created", "session": self.config.to_json()})
             async with inbox:
                 async for message in inbox:
@@ -103,12 +119,35 @@ class Session:
                     message = await self.conn.get_message()
                 except ConnectionClosed:
                     return
+                self.last_heard = trio.current_time()
                 await inbox.send(message)
 
     async def _close_on_stop(self, stop: trio.Event) -> None:
         await stop.wait()
         with trio.move_on_after(1):
             await self.conn.aclose(1001, "troupe is shutting down")
+        self.cancel()
+
+    async def _keep_alive(self, keep: Keepalive) -> None:
+        while True:
+            await trio.sleep(keep.interval)  # a timer: nothing to wait for but the clock
+            if self.response is None and trio.current_time() - self.last_heard >= keep.idle:
+                log.info("realtime session idle for %gs: closing", keep.idle)
+                reason = f"idle for {keep.idle:g} s"
+                break
+            answered = False
+            with trio.move_on_after(keep.interval):
+                try:
+                    await keep.ping()
+                    answered = True
+                except ConnectionClosed:
+                    pass
+            if not answered:
+                log.info("realtime client answered no ping within %gs: closing", keep.interval)
+                reason = "no pong"
+                break
+        with trio.move_on_after(1):
+            await self.conn.aclose(1001, reason)
         self.cancel()
 
     def cancel(self) -> None:

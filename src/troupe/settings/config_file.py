@@ -72,6 +72,11 @@ class TroupeSection:
     drain_after: float | str | None = None
     cpu_placement: str | None = None
     access_log: str | None = None  # "on" or "off"
+    named_api_keys: str | None = None
+    allowed_hosts: str | None = None
+    body_timeout: float | None = None
+    max_connections: int | None = None
+    ws_idle_timeout: float | None = None
 
 
 @attrs.frozen
@@ -119,6 +124,11 @@ _TROUPE = {
     "drain_after": "--drain-after",
     "cpu_placement": "--cpu-placement",
     "access_log": "--access-log",
+    "named_api_keys": "--named-api-keys",
+    "allowed_hosts": "--allowed-hosts",
+    "body_timeout": "--body-timeout",
+    "max_connections": "--max-connections",
+    "ws_idle_timeout": "--ws-idle-timeout",
 }
 
 

@@ -84,6 +84,11 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--drain-after", hint="SECONDS", env="TROUPE_DRAIN_AFTER"),
     _opt("--cpu-placement", hint="auto|off", env="TROUPE_CPU_PLACEMENT"),
     _opt("--access-log", hint="on|off", env="TROUPE_ACCESS_LOG"),
+    _opt("--named-api-keys", hint="PATH", env="TROUPE_NAMED_API_KEYS"),
+    _opt("--allowed-hosts", hint="HOSTS", env="TROUPE_ALLOWED_HOSTS"),
+    _opt("--body-timeout", hint="SECONDS", env="TROUPE_BODY_TIMEOUT"),
+    _opt("--max-connections", hint="N", env="TROUPE_MAX_CONNECTIONS"),
+    _opt("--ws-idle-timeout", hint="SECONDS", env="TROUPE_WS_IDLE_TIMEOUT"),
 )
 
 
@@ -105,6 +110,7 @@ class RouterSettings:
     models_autoload: bool = True
     sleep_idle_seconds: int = -1
     api_keys: tuple[str, ...] = ()
+    api_key_names: tuple[str, ...] = ()  # one per key, for logs ("" gives key-N)
     timeout: int = 3600
     ssl_key_file: Path | None = None
     ssl_cert_file: Path | None = None
@@ -136,6 +142,12 @@ class RouterSettings:
     access_log: bool = False  # one log line per proxied request (troupe.ops.access)
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20
+    # Host names a loopback listener answers beside loopback ones (DNS rebinding);
+    # ("*",): any.
+    allowed_hosts: tuple[str, ...] = ()
+    body_timeout: float = 300.0  # from a request's head to the end of its body
+    max_connections: int = 1024  # open at once; past it 503 (GET /health has a reserve)
+    ws_idle_timeout: float = 300.0  # a WebSocket session the client says nothing on
     # Every llama-server option from the command line, forwarded to children (spec §2.5).
     base_args: tuple[tuple[EngineOption, str], ...] = ()
 
@@ -287,6 +299,30 @@ def _read_api_keys(path: Path) -> tuple[str, ...]:
     return tuple(ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#"))
 
 
+def _read_named_keys(path: Path) -> tuple[tuple[str, str], ...]:
+    """``name:key`` lines (``#`` comments, blank lines skipped)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UsageError(f"cannot read --named-api-keys '{path}': {exc.strerror or exc}") from None
+    out = []
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        name, sep, key = text.partition(":")
+        if not sep or not name.strip() or not key.strip():
+            raise UsageError(f"{path}:{number}: expected 'name:key'")
+        out.append((name.strip(), key.strip()))
+    return tuple(out)
+
+
+def _positive_int(spelling: str, value: int) -> int:
+    if value <= 0:
+        raise UsageError(f"invalid value for {spelling}: {value} (expected 1 or more)")
+    return value
+
+
 def _parse_ui_config(source: str, raw: str) -> Mapping[str, object]:
     try:
         value = json.loads(raw)
@@ -323,6 +359,12 @@ def build_settings(
     key_file = get.path("--api-key-file")
     if key_file:
         keys += _read_api_keys(key_file)
+    names = [""] * len(keys)
+    named_file = own.path("--named-api-keys")
+    if named_file:
+        for name, key in _read_named_keys(named_file):
+            keys.append(key)
+            names.append(name)
 
     ui_config: Mapping[str, object] = {}
     ui_file = get.path("--ui-config-file")
@@ -354,6 +396,7 @@ def build_settings(
         models_autoload=get.boolean("--models-autoload", True),
         sleep_idle_seconds=sleep_idle,
         api_keys=tuple(keys),
+        api_key_names=tuple(names),
         timeout=get.integer("--timeout", 3600),
         ssl_key_file=get.path("--ssl-key-file"),
         ssl_cert_file=get.path("--ssl-cert-file"),
@@ -381,5 +424,11 @@ def build_settings(
         ),
         memory_margin_bytes=_margin(own.text("--models-memory-margin", "1024")),
         access_log=_choice("--access-log", own.text("--access-log", "off"), ("on", "off")) == "on",
+        allowed_hosts=tuple(
+            h.strip().lower() for h in own.text("--allowed-hosts", "").split(",") if h.strip()
+        ),
+        body_timeout=_seconds("--body-timeout", own.text("--body-timeout", "300")),
+        max_connections=_positive_int("--max-connections", own.integer("--max-connections", 1024)),
+        ws_idle_timeout=_seconds("--ws-idle-timeout", own.text("--ws-idle-timeout", "300")),
         base_args=tuple({**(config or {}), **cli}.items()),
     )

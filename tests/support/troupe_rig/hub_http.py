@@ -167,7 +167,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         page = entries[start : start + size]
         extra: dict[str, str] = {}
         if start + size < len(entries):
-            base = f"{self.hub.url}api/models/{repo.repo_id}/tree/{rev}"
+            where = self.hub.next_base or self.hub.url
+            base = f"{where}api/models/{repo.repo_id}/tree/{rev}"
             extra["Link"] = f'<{base}?recursive={recursive}&cursor={start + size}>; rel="next"'
         self._json(page, 200, head=head, **extra)
 

@@ -99,6 +99,7 @@ class Hub:
         self.rate: float | None = None  # bytes per second for every file
         self.page_size: int | None = None  # tree entries per page; None: one page
         self.url = ""  # "http://127.0.0.1:PORT/", set by open_hub
+        self.next_base: str | None = None  # where Link: rel="next" points; None: here
         self.stopping = threading.Event()
         self.lock = threading.Lock()
         self._busy = 0  # requests being answered

@@ -17,6 +17,13 @@ class ServerConfig:
     head_timeout: float = 10.0
     # The longest silence while a body arrives (--timeout, upstream's read timeout).
     read_timeout: float = 3600.0
+    # From a request's head to the end of its body, whatever its pace (--body-timeout):
+    # a body trickled a byte at a time is answered 408 and dropped.
+    body_timeout: float = 300.0
+    # Open connections (--max-connections): past it, a new one gets 503 and the close,
+    # except `health_reserve` more that may ask for GET /health.
+    max_connections: int = 1024
+    health_reserve: int = 16
     ws_max_message: int = 16 << 20  # --ws-max-message-mib
     # Pipelined bytes read ahead while a response is written (the rest waits in the
     # socket, which is backpressure on the client).

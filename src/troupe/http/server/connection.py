@@ -4,8 +4,12 @@ Keep-alive and pipelining: requests that arrive together are parsed together and
 answered in order; while one is answered, a watcher reads ahead (bounded) so a
 client that goes away is noticed at once. Timeouts: a keep-alive connection may sit
 idle ``keep_alive_timeout``; a request's head must be complete ``head_timeout``
-after its first byte (slowloris gets 408); a body may pause ``read_timeout``.
+after its first byte, empty lines before it included (slowloris gets 408); a body
+may pause ``read_timeout`` and must be complete ``body_timeout`` after its head.
 Anything that cannot be parsed gets an upstream-shaped JSON error and the close.
+The handler's ``admit`` decides at the head: a refused request with a body is
+answered and the connection closed before its body is read or ``100 Continue``
+goes out, so a client without a key costs nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import trio
 
 from troupe.api import dumps
 from troupe.http.server.exchange import ClientGone, Exchange, status_line
-from troupe.http.server.parse import BadRequest, Request, RequestParser
+from troupe.http.server.parse import BadRequest, Refusal, Refused, Request, RequestParser
 
 if TYPE_CHECKING:
     from troupe.http.server.lifecycle import HttpServer
@@ -37,6 +41,10 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 class Handler(Protocol):
     def base_head(self, request: Request) -> bytes:
         """Header lines for every response to ``request`` (Server, CORS)."""
+        ...
+
+    def admit(self, request: Request) -> Refusal | None:
+        """Decide at the head (no body read yet): a refusal, or None to serve it."""
         ...
 
     async def serve(self, exchange: Exchange) -> None: ...
@@ -59,6 +67,31 @@ def error_bytes(status: int, message: str, base: bytes = b"Server: llama.cpp\r\n
             body,
         )
     )
+
+
+def refusal_bytes(refusal: Refusal, base: bytes) -> bytes:
+    """A whole response for a refusal decided at the head, closing the connection."""
+    return b"".join(
+        (
+            status_line(refusal.status),
+            b"Content-Type: application/json; charset=utf-8\r\n",
+            refusal.fields,
+            base,
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(refusal.body),
+            refusal.body,
+        )
+    )
+
+
+_FULL = Refusal(503, dumps({"error": {"code": 503, "message": "too many open connections",
+                                       "type": "unavailable_error"}}))  # fmt: skip
+
+
+def _health_only(request: Request) -> Refusal | None:
+    """Admission on a connection past the cap: a health probe, or the 503."""
+    if request.method in ("GET", "HEAD") and request.path.endswith("/health"):
+        return None
+    return _FULL
 
 
 def _with_raw_socket(stream: trio.SocketStream) -> tuple[trio.SocketStream, socket.socket]:
@@ -84,13 +117,17 @@ def _peer_of(raw: socket.socket | None) -> str:
 
 
 class Connection:
-    def __init__(self, server: HttpServer, stream: trio.abc.Stream) -> None:
+    def __init__(
+        self, server: HttpServer, stream: trio.abc.Stream, *, reserve: bool = False
+    ) -> None:
         self.server = server
+        self.reserve = reserve  # opened past --max-connections: GET /health only, once
         self.raw: socket.socket | None = None  # the plain socket under a SocketStream
         if isinstance(stream, trio.SocketStream):
             stream, self.raw = _with_raw_socket(stream)
         self.stream = stream
-        self.parser = RequestParser(server.config.max_body)
+        admit = _health_only if reserve else server.handler.admit
+        self.parser = RequestParser(server.config.max_body, admit)
         self.read_ahead: list[bytes] = []  # bytes received, not yet parsed
         self.read_ahead_size = 0
         self.eof = False
@@ -138,7 +175,7 @@ class Connection:
             if request.upgrade and rest is not None:
                 await self._upgrade(request, rest)
                 return
-            if not await self._serve(request) or server.draining:
+            if not await self._serve(request) or server.draining or self.reserve:
                 return
 
     # -- reading -----------------------------------------------------------------------
@@ -170,7 +207,10 @@ class Connection:
     async def _next_request(self) -> Request | None:
         parser = self.parser
         config = self.server.config
+        # From the first byte of a head (an empty line before it counts: RFC 9112 2.2
+        # lets a server skip them, not wait for them forever) to its end.
         head_deadline: float | None = None
+        body_deadline: float | None = None
         continued = False
         while True:
             if parser.ready:
@@ -178,17 +218,19 @@ class Connection:
             current = parser.current
             if current is not None and parser.head_done:
                 head_deadline = None
+                if body_deadline is None:
+                    body_deadline = trio.current_time() + config.body_timeout
                 if current.too_large:
-                    limit = config.max_body
+                    limit = current.max_body
                     msg = f"request body is larger than the limit of {limit} bytes"
                     await self._refuse(413, msg, self.server.handler.base_head(current))
                     return None
-                if current.expect_continue and not continued:
+                if current.expect_continue and not continued and current.refusal is None:
                     continued = True
                     await self.stream.send_all(_CONTINUE)
             elif current is not None and head_deadline is None:
                 head_deadline = trio.current_time() + config.head_timeout
-            if current is None and not self.read_ahead:
+            if current is None and not self.read_ahead and head_deadline is None:
                 # Between requests: the drain may close an idle connection right here.
                 if self.eof or self.server.draining:
                     return None
@@ -201,11 +243,14 @@ class Connection:
                 self.idle_scope = None
                 if idle.cancelled_caught or not data:
                     return None
+                head_deadline = trio.current_time() + config.head_timeout
             else:
                 if head_deadline is not None:
                     deadline = head_deadline
                 else:
                     deadline = trio.current_time() + config.read_timeout
+                    if body_deadline is not None and body_deadline < deadline:
+                        deadline = body_deadline
                 with trio.move_on_at(deadline) as waited:
                     data = await self._receive()
                 if waited.cancelled_caught:
@@ -215,6 +260,12 @@ class Connection:
                     return None  # the client closed mid-request
             try:
                 parser.feed(data)
+            except Refused as refused:
+                handler = self.server.handler
+                base = handler.base_head(refused.request)
+                refusal = refused.refusal
+                await self._refuse(refusal.status, "", base, refusal)
+                return None
             except BadRequest as exc:
                 await self._refuse(exc.status, exc.message)
                 return None
@@ -237,12 +288,17 @@ class Connection:
         await trio.sleep_forever()
         raise AssertionError
 
-    async def _refuse(self, status: int, message: str, base: bytes | None = None) -> None:
+    async def _refuse(
+        self, status: int, message: str, base: bytes | None = None, refusal: Refusal | None = None
+    ) -> None:
         """Answer an unacceptable request and close, draining what the client still
         sends for a moment (closing on unread bytes would reset the connection and
-        lose the answer)."""
-        log.info("refused a request: %d %s", status, message)
-        data = error_bytes(status, message) if base is None else error_bytes(status, message, base)
+        lose the answer; what is drained is dropped, never parsed or kept)."""
+        if refusal is not None:
+            data = refusal_bytes(refusal, base or b"")
+        else:
+            log.info("refused a request: %d %s", status, message)
+            data = error_bytes(status, message, base) if base else error_bytes(status, message)
         with trio.move_on_after(self.server.config.head_timeout):
             await self.stream.send_all(data)
         if isinstance(self.stream, trio.SocketStream) and not self.eof:
@@ -268,7 +324,11 @@ class Connection:
                 if server.stopping:
                     scope.cancel()
                 try:
-                    await server.handler.serve(exchange)
+                    refusal = request.refusal
+                    if refusal is None:
+                        await server.handler.serve(exchange)
+                    else:
+                        await exchange.respond_refusal(refusal)
                 except ClientGone:
                     pass
                 except Exception:

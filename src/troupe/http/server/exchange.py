@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl
 import trio
 
 from troupe.api import JSON_TYPE
-from troupe.http.server.parse import Request
+from troupe.http.server.parse import Refusal, Request
 
 if TYPE_CHECKING:
     from troupe.http.server.connection import Connection
@@ -45,6 +45,7 @@ class ClientGone(Exception):
 class Exchange:
     __slots__ = (
         "_conn",
+        "_head_left",
         "_params",
         "base",
         "framing",
@@ -65,6 +66,7 @@ class Exchange:
         self.status = 0
         self.sent = 0  # body bytes written (for metrics and logs)
         self._params: dict[str, str] | None = None
+        self._head_left = -1  # HEAD: bytes of the head still to write, then nothing
 
     # -- the request ---------------------------------------------------------------------
 
@@ -130,7 +132,10 @@ class Exchange:
             self.keep_alive = False  # an HTTP/1.0 stream ends with the connection
             framing = b""
         connection = b"" if self.keep_alive else b"Connection: close\r\n"
-        return b"".join((status_line(status), fields, self.base, framing, connection, b"\r\n"))
+        head = b"".join((status_line(status), fields, self.base, framing, connection, b"\r\n"))
+        if self.request.head_only:
+            self._head_left = len(head)
+        return head
 
     def chunk(self, data: bytes) -> bytes:
         """``data`` framed as one chunk of a stream (as is when not framing)."""
@@ -147,6 +152,10 @@ class Exchange:
         takes at once is written without a pass through the scheduler (the relay's
         loop already waits once per read); the rest waits for the client."""
         conn = self._conn
+        if self._head_left >= 0:  # HEAD: the head goes out, the body does not
+            data, self._head_left = data[: self._head_left], max(0, self._head_left - len(data))
+            if not data:
+                return
         try:
             raw = conn.raw
             if raw is not None:
@@ -176,11 +185,18 @@ class Exchange:
         for key, value in headers:
             fields += key + b": " + value + b"\r\n"
         head = self.head(status, fields, length=len(body))
-        if self.request.method == "HEAD":
+        if self.request.head_only:
             await self.send(head)  # the length of what a GET would get, and no body
             return
         self.sent += len(body)
         await self.send(head + body)
+
+    async def respond_refusal(self, refusal: Refusal) -> None:
+        """A refusal decided at the head, for a request without a body (keep-alive)."""
+        fields = b"Content-Type: " + _JSON_TYPE + b"\r\n" + refusal.fields
+        head = self.head(refusal.status, fields, length=len(refusal.body))
+        self.sent += len(refusal.body)
+        await self.send(head + refusal.body)  # (HEAD: send drops the body)
 
     async def until_client_leaves(self, work: Callable[[], Awaitable[None]]) -> bool:
         """Run ``work`` until it ends or the client disconnects (which cancels it, so a

@@ -11,6 +11,7 @@ connections a moment to close and cancels whatever is left: the stop is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 import trio
 
 from troupe.http.server.config import ServerConfig
-from troupe.http.server.connection import Connection, Handler
+from troupe.http.server.connection import Connection, Handler, error_bytes
 
 __all__ = ["HttpServer"]
 
@@ -69,7 +70,17 @@ class HttpServer:
         if self.draining:
             await trio.aclose_forcefully(stream)
             return
-        conn = Connection(self, stream)
+        open_now = len(self.connections)
+        cap = self.config.max_connections
+        reserve = False
+        if open_now >= cap and not self._close_an_idle_one():
+            if open_now >= cap + self.config.health_reserve:
+                await _turn_away(stream)
+                return
+            # Past the cap with none idle, a few more may still ask GET /health (a probe
+            # must see that the router is alive and merely full); others get the 503.
+            reserve = True
+        conn = Connection(self, stream, reserve=reserve)
         self.connections.add(conn)
         try:
             await conn.run()
@@ -77,6 +88,16 @@ class HttpServer:
             self.connections.discard(conn)
             if not self.connections and self.draining:
                 self._no_connections.set()
+
+    def _close_an_idle_one(self) -> bool:
+        """At the cap, a new connection takes the place of one that sits idle (between
+        requests, or silent since it opened), as nginx reuses keep-alive connections:
+        an idle flood cannot lock clients out, and memory stays bounded."""
+        for conn in self.connections:
+            if conn.idle_scope is not None and not conn.idle_scope.cancel_called:
+                conn.cancel_idle()
+                return True
+        return False
 
     def request_started(self) -> None:
         self.in_flight += 1
@@ -126,3 +147,20 @@ class HttpServer:
             with trio.move_on_after(CLOSE_BOUND):
                 await self._no_connections.wait()
         self._all_scope.cancel()
+
+
+FULL = error_bytes(503, "too many open connections")
+
+
+async def _turn_away(stream: trio.abc.Stream) -> None:
+    """A connection past the cap and its reserve: 503 and the close, bounded, reading
+    only what is already there (closing on unread bytes would reset the answer away)."""
+    with trio.move_on_after(1.0):
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await stream.send_all(FULL)
+            if isinstance(stream, trio.SocketStream):
+                await stream.send_eof()
+                with trio.move_on_after(0.2):
+                    while await stream.receive_some(65536):
+                        pass
+    await trio.aclose_forcefully(stream)
