@@ -28,6 +28,7 @@ from troupe.child.ports import free_port
 from troupe.engine import Engine
 from troupe.errors import ConfigError
 from troupe.gguf import ModelFacts
+from troupe.kvstore import KvService
 from troupe.ops.logs import ModelLogs
 from troupe.sched import ModelConfig
 from troupe.sched.cpu import CpuPlan
@@ -62,6 +63,7 @@ class ChildLauncher:
         observed: ObservedStore,
         logs: ModelLogs,
         gpus: tuple[str, ...],
+        kv: KvService | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -72,6 +74,7 @@ class ChildLauncher:
         self.observed = observed
         self.logs = logs
         self.gpus = gpus
+        self.kv = kv  # the KV store (None: --kv-store off)
         self._facts_lock = threading.Lock()  # scans run in worker threads
         self._owner: _CatalogueOwner | None = None
         # status.args shows the last rendered command line (port 0 before a first load).
@@ -148,12 +151,20 @@ class ChildLauncher:
         # The configured port, even 0 (upstream); its presence is what makes a child a child.
         env["LLAMA_SERVER_ROUTER_PORT"] = str(self.settings.port)
 
+        kv = self.kv
+
         def argv(port: int) -> list[str]:
             args = self.render_args(entry, port)
             if cpu is not None:
                 args += cpu_flags(cpu, lambda flag: entry.preset.get_spelling(flag) is not None)
+            if kv is not None:
+                args = kv.launch_args(model, args, self._uses_swa(entry))
             self._last_args[model] = args
             return args
+
+        async def save_slots(port: int) -> None:
+            assert kv is not None
+            await kv.save_slots(model, port)
 
         return LaunchSpec(
             model=model,
@@ -165,6 +176,8 @@ class ChildLauncher:
             load_timeout=self.settings.load_timeout,
             log_sink=self.logs.writer(model),
             cpus=cpu.cpus if cpu is not None else None,
+            before_stop=save_slots if kv is not None else None,
+            before_stop_seconds=kv.save_seconds if kv is not None else 10.0,
         )
 
     def measure_command(self, model: str) -> tuple[list[str], dict[str, str]]:
@@ -176,7 +189,16 @@ class ChildLauncher:
             # A projection computes nothing worth a second thread (it stops before the
             # weights load): one thread, so it never competes with a child that serves.
             args += ["--threads", "1", "--threads-batch", "1"]
+        if self.kv is not None:  # the KV layout its child will have (--swa-full's memory)
+            args = self.kv.measure_args(args, self._uses_swa(entry))
         return args, dict(self.environ)
+
+    def _uses_swa(self, entry: ModelEntry) -> bool:
+        """Sliding-window attention: a restored slot is reused only with --swa-full."""
+        if entry.model_path is None:
+            return False
+        facts = self.facts.facts(entry.model_path)
+        return isinstance(facts, ModelFacts) and facts.swa_window > 0
 
     def render_args(self, entry: ModelEntry, port: int) -> list[str]:
         return self.catalog.child_args(

@@ -131,6 +131,9 @@ def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict
     extras = _extras(view, now)
     extras["gguf"] = facts_json(ctx.facts.facts(entry.model_path))
     extras["memory"] = _memory(ctx, view)
+    if ctx.kv is not None:
+        entries, size = ctx.kv.usage(entry.name)
+        extras["kv"] = {"entries": entries, "bytes": size}
     item[EXTRA_KEY] = extras
     return item
 

@@ -71,6 +71,8 @@ class TroupeSection:
     drain_timeout: float | None = None
     drain_after: float | str | None = None
     cpu_placement: str | None = None
+    kv_store: str | None = None
+    kv_store_mib: int | None = None
 
 
 @attrs.frozen
@@ -117,6 +119,8 @@ _TROUPE = {
     "drain_timeout": "--drain-timeout",
     "drain_after": "--drain-after",
     "cpu_placement": "--cpu-placement",
+    "kv_store": "--kv-store",
+    "kv_store_mib": "--kv-store-mib",
 }
 
 

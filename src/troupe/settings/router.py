@@ -83,6 +83,8 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--drain-timeout", hint="SECONDS", env="TROUPE_DRAIN_TIMEOUT"),
     _opt("--drain-after", hint="SECONDS", env="TROUPE_DRAIN_AFTER"),
     _opt("--cpu-placement", hint="auto|off", env="TROUPE_CPU_PLACEMENT"),
+    _opt("--kv-store", hint="on|off", env="TROUPE_KV_STORE"),
+    _opt("--kv-store-mib", hint="N", env="TROUPE_KV_STORE_MIB"),
 )
 
 
@@ -132,6 +134,10 @@ class RouterSettings:
     # "auto": each child gets threads and a CPU set of its own (troupe.sched.cpu); "off":
     # children take the engine's defaults, as llama.cpp's router.
     cpu_placement: str = "auto"
+    # "on": slots saved before troupe stops a child, restored when their conversation
+    # returns (troupe.kvstore), at most kv_store_bytes on disk; "off": as llama.cpp.
+    kv_store: str = "on"
+    kv_store_bytes: int = 4096 << 20
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20
     # Every llama-server option from the command line, forwarded to children (spec §2.5).
@@ -139,6 +145,7 @@ class RouterSettings:
 
 
 CPU_PLACEMENTS = ("auto", "off")
+KV_STORE_MODES = ("on", "off")
 
 
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> str:
@@ -377,6 +384,8 @@ def build_settings(
         cpu_placement=_choice(
             "--cpu-placement", own.text("--cpu-placement", "auto"), CPU_PLACEMENTS
         ),
+        kv_store=_choice("--kv-store", own.text("--kv-store", "on"), KV_STORE_MODES),
+        kv_store_bytes=_mib(own, "--kv-store-mib", 4096),
         memory_margin_bytes=_margin(own.text("--models-memory-margin", "1024")),
         base_args=tuple({**(config or {}), **cli}.items()),
     )
