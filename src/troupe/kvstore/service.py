@@ -127,20 +127,11 @@ class KvService:
         for slot in slots if isinstance(slots, list) else []:
             if not isinstance(slot, dict) or slot.get("is_processing"):
                 continue
-            if self._cached_tokens(slot) < self.min_tokens:
+            # A slot that served a task holds tokens; how many, /slots does not say
+            # reliably (a restored slot's next task reads 0): the saved file tells.
+            if "id_task" not in slot or not isinstance(slot.get("id"), int):
                 continue
             await self._save_one(model, ident, port, int(slot["id"]))
-
-    @staticmethod
-    def _cached_tokens(slot: dict[str, Any]) -> int:
-        n = slot.get("n_prompt_tokens")
-        if not isinstance(n, int):
-            return 0
-        nxt = slot.get("next_token")
-        if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict):
-            decoded = nxt[0].get("n_decoded")
-            n += decoded if isinstance(decoded, int) else 0
-        return n
 
     async def _save_one(self, model: str, ident: str, port: int, slot: int) -> None:
         mlog = about(log, model)
@@ -154,6 +145,9 @@ class KvService:
             if described is None:
                 raise EngineCallFailed("the saved file is not a slot file")
             tokens, digest, size = described
+            if len(tokens) < self.min_tokens:  # cheap to compute again: not kept
+                path.unlink(missing_ok=True)
+                return
             entry = KvEntry(ident, name, model, tokens, digest, size, 0.0)
             self.store.touch(entry)
             await trio.to_thread.run_sync(write_sidecar, entry, self.store.root)
