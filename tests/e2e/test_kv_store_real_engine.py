@@ -201,3 +201,28 @@ async def test_an_entry_never_restores_into_a_child_with_other_kv_arguments(
         assert await metric(r, "troupe_kv_restores_total", model="a", result="restored") == 0
         # The entry of its old arguments is gone; the one saved now is of the new ones.
         assert (await kv_of(r, "a"))["entries"] == 0
+
+
+async def test_an_over_budget_store_keeps_nothing_and_never_fails_a_request(
+    gemma: Path, tmp_path: Path
+) -> None:
+    async with router(tmp_path, sections(gemma), "--kv-store-mib", "1") as r:
+        first = await complete(r, "a", PROMPT)
+        await complete(r, "b", "Hello")  # a's slot (about 7 MiB) is saved, then evicted
+        assert (await kv_of(r, "a"))["entries"] == 0
+        second = await complete(r, "a", PROMPT + text_of(first) + " And then")
+        assert second["timings"]["prompt_n"] > 300
+        assert await metric(r, "troupe_kv_saves_total", model="a", result="saved") == 1
+    assert not list((tmp_path / "state" / "kv").glob("*/*.bin"))
+
+
+async def test_the_entries_of_a_model_that_left_the_catalogue_are_dropped(
+    gemma: Path, tmp_path: Path
+) -> None:
+    async with router(tmp_path, sections(gemma)) as r:
+        await complete(r, "a", PROMPT)
+    assert len(list((tmp_path / "state" / "kv").glob("*/*.bin"))) == 1
+    only_b = {"b": sections(gemma)["b"]}
+    async with router(tmp_path, only_b) as r:
+        assert (await kv_of(r, "b"))["entries"] == 0
+    assert not list((tmp_path / "state" / "kv").glob("*/*.bin"))

@@ -36,6 +36,7 @@ log = logging.getLogger("troupe.kvstore")
 MIN_TOKENS = 256  # a slot holding fewer cached tokens is cheap to compute again: not saved
 MIN_MATCH = 64  # a shorter shared prefix is not worth a slot
 SAVE_SECONDS = 10.0  # all of one stop's saves
+SLOTS_SECONDS = 2.0  # GET /slots before a stop
 RESTORE_SECONDS = 10.0  # one request's lookup and restore
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
@@ -119,10 +120,17 @@ class KvService:
         if ident is None:
             return
         mlog = about(log, model)
-        try:
-            slots = await call(port, "GET", "/slots")
-        except (OSError, EngineCallFailed) as exc:
-            mlog.info("KV save skipped: cannot read its slots: %s", exc)
+        slots: Any = None
+        # A child that cannot say what its slots hold at once (stopped, hung) is not
+        # worth the stop's time.
+        with trio.move_on_after(SLOTS_SECONDS):
+            try:
+                slots = await call(port, "GET", "/slots")
+            except (OSError, EngineCallFailed) as exc:
+                mlog.info("KV save skipped: cannot read its slots: %s", exc)
+                return
+        if slots is None:
+            mlog.info("KV save skipped: its slots did not answer within %gs", SLOTS_SECONDS)
             return
         for slot in slots if isinstance(slots, list) else []:
             if not isinstance(slot, dict) or slot.get("is_processing"):
