@@ -117,7 +117,8 @@ class ChildLauncher:
     def model_configs(self, catalog: Catalog) -> list[ModelConfig]:
         configs = []
         for e in catalog:
-            fp = fingerprint(catalog.child_args(e, 0, bin_path=str(self.engine.path)))
+            args = catalog.child_args(e, 0, bin_path=str(self.engine.path))
+            fp = fingerprint(self._layout(e, args))
             need = self.observed.get(e.name, fp) or model_need(e, self.facts, self.gpus)
             configs.append(
                 ModelConfig(
@@ -137,7 +138,8 @@ class ChildLauncher:
     def remember_memory(self, model: str, used: Mapping[str, int]) -> None:
         entry = self.catalog.get(model)
         if entry is not None:
-            fp = fingerprint(self.catalog.child_args(entry, 0, bin_path=str(self.engine.path)))
+            args = self.catalog.child_args(entry, 0, bin_path=str(self.engine.path))
+            fp = fingerprint(self._layout(entry, args))
             self.observed.put(model, fp, used)
 
     # ----- children ------------------------------------------------------------------------
@@ -192,6 +194,11 @@ class ChildLauncher:
         if self.kv is not None:  # the KV layout its child will have (--swa-full's memory)
             args = self.kv.measure_args(args, self._uses_swa(entry))
         return args, dict(self.environ)
+
+    def _layout(self, entry: ModelEntry, args: list[str]) -> list[str]:
+        """``args`` with what the KV store adds to the KV layout (``--swa-full``): memory
+        measured or seen under one layout does not hold for the other."""
+        return self.kv.measure_args(args, self._uses_swa(entry)) if self.kv else args
 
     def _uses_swa(self, entry: ModelEntry) -> bool:
         """Sliding-window attention: a restored slot is reused only with --swa-full."""

@@ -15,6 +15,7 @@ a child whose KV layout differs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Iterable
@@ -266,6 +267,8 @@ class KvService:
         offer.restored.add(entry.name)
         offer.slots.add(slot)
         self.store.touch(entry)
+        with contextlib.suppress(OSError):  # its last use survives a restart (LRU order)
+            await trio.to_thread.run_sync(write_sidecar, entry, self.store.root)
         n_read = answer.get("n_read", entry.size) if isinstance(answer, dict) else entry.size
         self.metrics.lookups.labels(model, "hit").inc()
         self.metrics.restores.labels(model, "restored").inc()
