@@ -11,8 +11,11 @@ next turn again. Time to first token of a streamed completion (temperature 0), t
 tokens the engine evaluated (``timings.prompt_n``), and whether the answer after the
 swap is the same words in every router. Ratios are from one run side by side.
 
-The busy-slots case (12 conversations over 4 slots) is not measured: troupe does not
-yet keep conversations on slots (see the README).
+Then ``--busy N`` conversations (default 12) interleaved over one child with 4 slots:
+each one's first turn, then each one's next turn, the mean time to first token of the
+next turns. troupe does not steer conversations to slots of a running child (the
+engine's own RAM prompt cache, ``--cache-ram``, holds the idle ones): this shows what
+the engine does alone, through each router.
 
     .venv/bin/python bench/kv.py [--tokens 1000] [--ctx 4096]
 """
@@ -136,10 +139,28 @@ def run(kind: str, engine: Path, tmp: Path, ctx: int, history: str) -> dict[str,
     return out
 
 
+def busy(kind: str, engine: Path, tmp: Path, ctx: int, conversations: int) -> dict[str, Any]:
+    """``conversations`` interleaved over a child with 4 slots: each one's first turn,
+    then each one's next turn in the same order; the mean of the next turns."""
+    state = tmp / f"state-busy-{kind}"
+    with router(kind, engine, tmp, ctx, state) as url:
+        turns = [f"Conversation {i}: " + PARAGRAPH * 10 for i in range(conversations)]
+        for i, turn in enumerate(turns):
+            _, text, _ = stream(url, "gemma-a", turn)
+            turns[i] = turn + text + "\n\nLater"
+        seconds, evaluated = [], []
+        for turn in turns:
+            first, _, tm = stream(url, "gemma-a", turn)
+            seconds.append(first)
+            evaluated.append(tm.get("prompt_n") or 0)
+    return {"mean": sum(seconds) / len(seconds), "evaluated": sum(evaluated) / len(evaluated)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=1000, help="conversation length (about)")
     ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--busy", type=int, default=12, help="conversations over 4 slots (0: skip)")
     args = ap.parse_args()
     engine, _ = find_engine()
     with tempfile.TemporaryDirectory(prefix="bench-kv-") as d:
@@ -150,6 +171,7 @@ def main() -> int:
             (tmp / "models" / f"{name}.gguf").symlink_to(gemma)
         history = PARAGRAPH * max(1, args.tokens // 32)
         results = {k: run(k, engine, tmp, args.ctx, history) for k in ("store", "off", "cpp")}
+        crowd = {k: busy(k, engine, tmp, args.ctx, args.busy) for k in results} if args.busy else {}
     names = {"store": "troupe (store)", "off": "troupe (--kv-store off)", "cpp": "C++ router"}
     n = results["store"]["cold"][1]
     print(f"Gemma 3 270M, -c {args.ctx}, --models-max 1, conversation of {n} tokens;")
@@ -170,6 +192,13 @@ def main() -> int:
     cpp = results["cpp"]["after swap"][0]
     print(f"after swap, troupe (store) / C++ router: {store['after swap'][0] / cpp:.2f}x")
     print(f"after swap, troupe (off) / C++ router: {results['off']['after swap'][0] / cpp:.2f}x")
+    if crowd:
+        print(f"{args.busy} conversations over 4 slots, the next turn of each: mean time to "
+              "first token (mean tokens evaluated)")  # fmt: skip
+        for k, got in crowd.items():
+            print(f"  {names[k]:24} {got['mean'] * 1000:8.0f} ms ({got['evaluated']:.0f})")
+        ratio = crowd["store"]["mean"] / crowd["cpp"]["mean"]
+        print(f"  troupe (store) / C++ router: {ratio:.2f}x")
     same = len({r["text"] for r in results.values()}) == 1
     print(f"same answer after the swap in every router: {'yes' if same else 'NO'}")
     if not same:
