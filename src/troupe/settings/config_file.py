@@ -8,7 +8,8 @@ is structured with cattrs so a mistake names the key's path and what was expecte
                ssl_cert_file, cors_origins, cors_methods, cors_headers, cors_credentials
     [models]   dir, preset, max, autoload, sleep_idle_seconds, memory_margin_mib
     [troupe]   engine, log_level, log_format, state_dir, max_body_mib, ws_max_message_mib,
-               queue_max, queue_timeout, load_timeout, drain_timeout
+               queue_max, queue_timeout, load_timeout, drain_timeout, drain_after,
+               cpu_placement, kv_store, kv_store_mib
     [child]    any llama-server option, forwarded to every child ("ctx-size" = 4096)
 """
 
