@@ -119,7 +119,10 @@ class ChildLauncher:
         for e in catalog:
             args = catalog.child_args(e, 0, bin_path=str(self.engine.path))
             fp = fingerprint(self._layout(e, args))
-            need = self.observed.get(e.name, fp) or model_need(e, self.facts, self.gpus)
+            swa_full = self.kv is not None and self._uses_swa(e)  # the store adds it
+            need = self.observed.get(e.name, fp) or model_need(
+                e, self.facts, self.gpus, swa_full=swa_full
+            )
             configs.append(
                 ModelConfig(
                     name=e.name,
