@@ -2,10 +2,13 @@
 store's ``--swa-full`` is what makes a restored slot reusable): a conversation survives a
 swap and a restart of troupe, evaluating only its new tokens (``timings.prompt_n``), with
 the output of a fresh child without the store; a corrupted or truncated entry is dropped;
-an entry never restores into a child with other KV arguments."""
+an entry never restores into a child with other KV arguments; a child killed mid-save
+leaves no entry."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,6 +17,7 @@ from typing import Any
 import pytest
 
 from troupe.demo import assemble_demo_model
+from troupe.kvstore import service
 from troupe_rig.router import RunningRouter, open_router, write_preset
 
 pytestmark = pytest.mark.engine
@@ -226,3 +230,35 @@ async def test_the_entries_of_a_model_that_left_the_catalogue_are_dropped(
     async with router(tmp_path, only_b) as r:
         assert (await kv_of(r, "b"))["entries"] == 0
     assert not list((tmp_path / "state" / "kv").glob("*/*.bin"))
+
+
+async def test_a_child_killed_mid_save_leaves_no_entry(
+    gemma: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_call = service.call
+    killed: list[int] = []
+
+    async with router(tmp_path, sections(gemma)) as r:
+
+        async def call_then_die(port: int, method: str, path: str, payload: Any = None) -> Any:
+            if "action=save" in path and not killed:
+                # The engine has begun writing: part of a file, then the child dies.
+                target = next((tmp_path / "state" / "kv").glob("*")) / payload["filename"]
+                target.write_bytes(b"ggsq" + b"\0" * 4096)
+                pid = r.snapshot.models["a"].pid
+                assert pid
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            return await real_call(port, method, path, payload)
+
+        monkeypatch.setattr(service, "call", call_then_die)
+        first = await complete(r, "a", PROMPT)
+        await complete(r, "b", "Hello")  # a's stop: its save meets a dead child
+        assert killed
+        assert (await kv_of(r, "a"))["entries"] == 0
+        assert await metric(r, "troupe_kv_saves_total", model="a", result="failed") == 1
+    assert not list((tmp_path / "state" / "kv").glob("*/*.bin"))
+    monkeypatch.setattr(service, "call", real_call)
+    async with router(tmp_path, sections(gemma)) as r:
+        second = await complete(r, "a", PROMPT + text_of(first) + " And then")
+        assert second["timings"]["prompt_n"] > 300  # nothing restored, served in full

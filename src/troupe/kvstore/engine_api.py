@@ -39,15 +39,18 @@ async def call(port: int, method: str, path: str, payload: Any = None) -> Any:
         f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n"
         f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
     ).encode()
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(head + body)
-        data = bytearray()
-        while len(data) < _MAX_ANSWER:
-            chunk = await stream.receive_some(1 << 16)
-            if not chunk:
-                break
-            data += chunk
+    data = bytearray()
+    try:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(head + body)
+            while len(data) < _MAX_ANSWER:
+                chunk = await stream.receive_some(1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+    except trio.BrokenResourceError as exc:  # the child went away mid-call
+        raise EngineCallFailed(f"{path}: connection lost: {exc}") from None
     header, sep, content = bytes(data).partition(b"\r\n\r\n")
     if not sep:
         raise EngineCallFailed(f"{path}: no answer")

@@ -217,7 +217,12 @@ class KvService:
         ident, offer = pending
         with trio.move_on_after(RESTORE_SECONDS):
             async with offer.lock:
-                slot = await self._restore_for(model, ident, offer, port, route, request)
+                try:
+                    slot = await self._restore_for(model, ident, offer, port, route, request)
+                except Exception:  # a restore is an optimisation: never the request's failure
+                    about(log, model).exception("KV restore failed")
+                    self.metrics.restores.labels(model, "failed").inc()
+                    return body
                 if slot is not None:
                     request["id_slot"] = slot
                     return json.dumps(request).encode()
