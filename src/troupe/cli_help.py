@@ -108,6 +108,12 @@ troupe's own:
                             to first token, tokens, tokens/s, bytes; text or JSON as
                             --log-format); GET /troupe/requests keeps the recent ones
                             either way (default: off)
+  --kv-store on|off         on: before troupe stops a child (swap, ttl, unload,
+                            shutdown) its slots are saved under --state-dir, and
+                            restored when their conversation returns; SWA models get
+                            --swa-full (default: on; off: as llama.cpp's router)
+  --kv-store-mib N          disk the KV store may use; least recently used entries
+                            go first (default: 4096)
   --models-memory-margin MIB
                             keep this much free on every device (default: 1024; off)
   --max-body-mib N, --ws-max-message-mib N

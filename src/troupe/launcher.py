@@ -28,6 +28,7 @@ from troupe.child.ports import free_port
 from troupe.engine import Engine
 from troupe.errors import ConfigError
 from troupe.gguf import ModelFacts
+from troupe.kvstore import KvService
 from troupe.ops.logs import ModelLogs
 from troupe.sched import ModelConfig
 from troupe.sched.cpu import CpuPlan
@@ -62,6 +63,7 @@ class ChildLauncher:
         observed: ObservedStore,
         logs: ModelLogs,
         gpus: tuple[str, ...],
+        kv: KvService | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -72,6 +74,7 @@ class ChildLauncher:
         self.observed = observed
         self.logs = logs
         self.gpus = gpus
+        self.kv = kv  # the KV store (None: --kv-store off)
         self._facts_lock = threading.Lock()  # scans run in worker threads
         self._owner: _CatalogueOwner | None = None
         # status.args shows the last rendered command line (port 0 before a first load).
@@ -114,8 +117,12 @@ class ChildLauncher:
     def model_configs(self, catalog: Catalog) -> list[ModelConfig]:
         configs = []
         for e in catalog:
-            fp = fingerprint(catalog.child_args(e, 0, bin_path=str(self.engine.path)))
-            need = self.observed.get(e.name, fp) or model_need(e, self.facts, self.gpus)
+            args = catalog.child_args(e, 0, bin_path=str(self.engine.path))
+            fp = fingerprint(self._layout(e, args))
+            swa_full = self.kv is not None and self._uses_swa(e)  # the store adds it
+            need = self.observed.get(e.name, fp) or model_need(
+                e, self.facts, self.gpus, swa_full=swa_full
+            )
             configs.append(
                 ModelConfig(
                     name=e.name,
@@ -134,7 +141,8 @@ class ChildLauncher:
     def remember_memory(self, model: str, used: Mapping[str, int]) -> None:
         entry = self.catalog.get(model)
         if entry is not None:
-            fp = fingerprint(self.catalog.child_args(entry, 0, bin_path=str(self.engine.path)))
+            args = self.catalog.child_args(entry, 0, bin_path=str(self.engine.path))
+            fp = fingerprint(self._layout(entry, args))
             self.observed.put(model, fp, used)
 
     # ----- children ------------------------------------------------------------------------
@@ -148,12 +156,20 @@ class ChildLauncher:
         # The configured port, even 0 (upstream); its presence is what makes a child a child.
         env["LLAMA_SERVER_ROUTER_PORT"] = str(self.settings.port)
 
+        kv = self.kv
+
         def argv(port: int) -> list[str]:
             args = self.render_args(entry, port)
             if cpu is not None:
                 args += cpu_flags(cpu, lambda flag: entry.preset.get_spelling(flag) is not None)
+            if kv is not None:
+                args = kv.launch_args(model, args, self._uses_swa(entry))
             self._last_args[model] = args
             return args
+
+        async def save_slots(port: int) -> None:
+            assert kv is not None
+            await kv.save_slots(model, port)
 
         return LaunchSpec(
             model=model,
@@ -165,6 +181,8 @@ class ChildLauncher:
             load_timeout=self.settings.load_timeout,
             log_sink=self.logs.writer(model),
             cpus=cpu.cpus if cpu is not None else None,
+            before_stop=save_slots if kv is not None else None,
+            before_stop_seconds=kv.save_seconds if kv is not None else 10.0,
         )
 
     def measure_command(self, model: str) -> tuple[list[str], dict[str, str]]:
@@ -176,7 +194,21 @@ class ChildLauncher:
             # A projection computes nothing worth a second thread (it stops before the
             # weights load): one thread, so it never competes with a child that serves.
             args += ["--threads", "1", "--threads-batch", "1"]
+        if self.kv is not None:  # the KV layout its child will have (--swa-full's memory)
+            args = self.kv.measure_args(args, self._uses_swa(entry))
         return args, dict(self.environ)
+
+    def _layout(self, entry: ModelEntry, args: list[str]) -> list[str]:
+        """``args`` with what the KV store adds to the KV layout (``--swa-full``): memory
+        measured or seen under one layout does not hold for the other."""
+        return self.kv.measure_args(args, self._uses_swa(entry)) if self.kv else args
+
+    def _uses_swa(self, entry: ModelEntry) -> bool:
+        """Sliding-window attention: a restored slot is reused only with --swa-full."""
+        if entry.model_path is None:
+            return False
+        facts = self.facts.facts(entry.model_path)
+        return isinstance(facts, ModelFacts) and facts.swa_window > 0
 
     def render_args(self, entry: ModelEntry, port: int) -> list[str]:
         return self.catalog.child_args(

@@ -29,6 +29,8 @@ from troupe.engine import Engine
 from troupe.errors import ConfigError
 from troupe.hardware.cpus import read_topology
 from troupe.hardware.devices import DeviceList, DeviceReader
+from troupe.kvstore import KvService, KvStore
+from troupe.kvstore.metrics import KvMetrics
 from troupe.launcher import ChildLauncher
 from troupe.ops.access import RequestLog
 from troupe.ops.history import History
@@ -75,6 +77,7 @@ class Router:
     conversations: ConversationTracker  # X-Conversation-Id -> model (§6.6)
     devices: DeviceList  # totals for feasibility; free memory is sampled
     reader: DeviceReader
+    kv: KvService | None = None  # the KV store (None: --kv-store off)
     fake_timing: bool = False
     requests: RequestLog = attrs.field(factory=RequestLog)  # recent requests, access log
     history: History = attrs.field(factory=History)  # the dashboard's recent samples
@@ -143,6 +146,8 @@ def build_router(
     devices = reader.read()
     state_dir = settings.state_dir or default_state_dir()
     logs = ModelLogs()
+    metrics = RouterMetrics(settings.api_prefix)
+    kv = _kv_service(settings, state_dir, catalog, metrics)
     launcher = ChildLauncher(
         settings,
         engine,
@@ -153,6 +158,7 @@ def build_router(
         observed=ObservedStore(state_dir / "observed-memory.json"),
         logs=logs,
         gpus=tuple(gpu_name(g.index) for g in devices.gpus),
+        kv=kv,
     )
     fake_timing = bool(env.get(FAKE_TIMING_ENV))
     margin = settings.memory_margin_bytes
@@ -167,7 +173,6 @@ def build_router(
         measure=True,  # the engine's own projection, for every model it can read
         cpu=cpu_ledger(settings),
     )
-    metrics = RouterMetrics(settings.api_prefix)
     # One transport for every byte sent to a child; the scheduler tells it when a
     # child is gone, so no connection to a dead child stays open or is reused.
     relay = Relay(float(settings.timeout), observe=metrics.observe_relay)
@@ -199,9 +204,23 @@ def build_router(
         conversations=ConversationTracker(),
         devices=devices,
         reader=reader,
+        kv=kv,
         fake_timing=fake_timing,
         requests=requests,
     )
+
+
+def _kv_service(
+    settings: RouterSettings, state_dir: Path, catalog: Catalog, metrics: RouterMetrics
+) -> KvService | None:
+    """The KV store under ``state_dir``/kv: entries of a model no longer listed go."""
+    if settings.kv_store == "off":
+        return None
+    store = KvStore(state_dir / "kv", settings.kv_store_bytes)
+    store.open()
+    kv = KvService(store, KvMetrics(metrics.registry))
+    kv.forget_models(e.name for e in catalog)
+    return kv
 
 
 def _no_mmproj(settings: RouterSettings) -> bool:

@@ -72,6 +72,12 @@ def _normalise_models(body: dict[str, Any]) -> dict[str, Any]:
             assert placed, args
             for i in reversed(placed):
                 del args[i : i + 2]
+        if ours is not None and "kv" in ours:  # the KV store's (troupe.kvstore)
+            if "--slot-save-path" in args:
+                i = args.index("--slot-save-path")
+                del args[i : i + 2]
+            if "--swa-full" in args:
+                args.remove("--swa-full")
         if "--port" in args:
             args[args.index("--port") + 1] = "PORT"
     return body

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -50,6 +50,10 @@ class LaunchSpec:
     load_timeout: float | None = None
     log_sink: Callable[[str], None] | None = None  # each stderr line (the model's log store)
     cpus: tuple[int, ...] | None = None  # its CPU lane: the process's affinity from the start
+    # Before a stop that is not a kill (the KV store saves the child's slots, given its
+    # port): bounded by before_stop_seconds, then the stop goes on whatever happened.
+    before_stop: Callable[[int], Awaitable[None]] | None = None
+    before_stop_seconds: float = 10.0
 
 
 def _describe_exit(returncode: int) -> str:
@@ -79,6 +83,8 @@ class Instance:
         self._ledger = ledger
         self._stop = trio.Event()
         self._kill = False
+        self._keep = True  # run spec.before_stop (the KV save) before this stop
+        self.port: int | None = None
         self.pid: int | None = None
         self.failure: tuple[LogKind, str] | None = None  # the first OOM/backend error line
         self._ready = False  # the child said "ready" (its load is over)
@@ -91,9 +97,11 @@ class Instance:
     def model(self) -> str:
         return self.spec.model
 
-    def stop(self, *, kill: bool) -> None:
-        """Ask the child to go (from the scheduler: never blocks)."""
+    def stop(self, *, kill: bool, keep: bool = True) -> None:
+        """Ask the child to go (from the scheduler: never blocks). ``keep``: what it
+        holds is worth keeping (its slots are saved first, unless it is killed)."""
         self._kill = self._kill or kill
+        self._keep = self._keep and keep
         self._stop.set()
 
     async def run(self, delay: float = 0.0) -> None:
@@ -134,7 +142,7 @@ class Instance:
             # Stopped before it started; a kill reads as upstream's killed load (exit 1).
             return (1, "killed before it started") if self._kill else (0, None)
         try:
-            port = free_port()
+            port = self.port = free_port()
             argv = list(self.spec.argv(port))
             proc = await spawn_child(argv, self.spec.env, self.spec.cwd)
         except OSError as exc:
@@ -210,6 +218,7 @@ class Instance:
 
     async def _stop_when_asked(self, proc: trio.Process) -> None:
         await self._stop.wait()
+        await self._before_stop()
         stage = await stop_child(
             proc,
             kill=self._kill,
@@ -217,6 +226,20 @@ class Instance:
             term_grace=self.spec.term_grace,
         )
         self._log.info("stopped at stage %s", stage)
+
+    async def _before_stop(self) -> None:
+        hook, port = self.spec.before_stop, self.port
+        if hook is None or port is None or self._kill or not self._keep or not self._ready:
+            return
+        with trio.move_on_after(self.spec.before_stop_seconds) as scope:
+            try:
+                await hook(port)
+            except Exception:  # the stop goes on whatever the save did
+                self._log.exception("saving before the stop failed")
+        if scope.cancelled_caught:
+            self._log.warning(
+                "saving before the stop took over %gs: abandoned", self.spec.before_stop_seconds
+            )
 
     async def _watch_load(self, proc: trio.Process) -> None:
         """Kill the child if its load shows no progress for ``load_timeout`` seconds."""

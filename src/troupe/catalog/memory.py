@@ -44,7 +44,7 @@ def compute_bytes(facts: ModelFacts, n_ctx: int, n_seq: int, n_batch: int, n_uba
 
 
 def model_need(
-    entry: ModelEntry, facts_cache: FactsCache, gpus: Sequence[str] = ()
+    entry: ModelEntry, facts_cache: FactsCache, gpus: Sequence[str] = (), *, swa_full: bool = False
 ) -> dict[str, int] | None:
     """Bytes per device ("host", "cuda:0", ...) to load ``entry``; None when unknown.
 
@@ -62,7 +62,7 @@ def model_need(
         except OSError:
             mmproj = 0
     try:
-        est: MemoryEstimate = estimate_memory(entry.preset, facts, mmproj)
+        est: MemoryEstimate = estimate_memory(entry.preset, facts, mmproj, swa_full=swa_full)
     except ValueError:
         return None
     parallel = _preset_int(entry, "LLAMA_ARG_N_PARALLEL", -1)

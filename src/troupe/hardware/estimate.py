@@ -75,7 +75,9 @@ def context_for(preset: Preset, facts: ModelFacts) -> tuple[int, str]:
     return fit_ctx, "fit-ctx, the least fit may choose"
 
 
-def estimate_memory(preset: Preset, facts: ModelFacts, mmproj_bytes: int = 0) -> MemoryEstimate:
+def estimate_memory(
+    preset: Preset, facts: ModelFacts, mmproj_bytes: int = 0, *, swa_full: bool = False
+) -> MemoryEstimate:
     """The estimate for a model with `facts` run with `preset`; ValueError on bad options."""
     n_ctx, why = context_for(preset, facts)
     parallel = _int(preset, "LLAMA_ARG_N_PARALLEL")
@@ -90,7 +92,8 @@ def estimate_memory(preset: Preset, facts: ModelFacts, mmproj_bytes: int = 0) ->
         n_seq,
         type_k=preset.get("LLAMA_ARG_CACHE_TYPE_K") or "f16",
         type_v=preset.get("LLAMA_ARG_CACHE_TYPE_V") or "f16",
-        swa_full=is_truthy(preset.get("LLAMA_ARG_SWA_FULL") or ""),
+        # ``swa_full``: the KV store adds --swa-full to the child (troupe.kvstore).
+        swa_full=swa_full or is_truthy(preset.get("LLAMA_ARG_SWA_FULL") or ""),
         n_ubatch=_int(preset, "LLAMA_ARG_UBATCH") or 512,
         unified=unified,
         flash_attn=preset.get("LLAMA_ARG_FLASH_ATTN") not in ("off", "0", "false", "disabled"),

@@ -141,6 +141,9 @@ def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict
     if extras["gguf"] is not None and "error" not in extras["gguf"]:
         extras["gguf"]["file_bytes"] = file_bytes(entry.model_path, facts)
     extras["memory"] = _memory(ctx, view)
+    if ctx.kv is not None:
+        entries, size = ctx.kv.usage(entry.name)
+        extras["kv"] = {"entries": entries, "bytes": size}
     item[EXTRA_KEY] = extras
     return item
 

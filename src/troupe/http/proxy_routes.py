@@ -192,10 +192,15 @@ async def _lease_and_relay(
     try:
         if ctx.fake_timing:
             await trio.sleep(FAKE_TIMING_DELAY)  # counted busy meanwhile, like upstream
+        body = ex.body
+        if ctx.kv is not None and ex.method == "POST":
+            # A stored conversation is restored into a slot of this child first (bounded;
+            # any trouble leaves the request as it came).
+            body = await ctx.kv.steer(grant.model, grant.gen, grant.port, ex.path, body)
         await ctx.relay.relay(
             ex,
             child=grant,
-            body=ex.body,
+            body=body,
             detached=bool(ticket) and grant.waited,
             crash_detail=_crash_detail(ctx, grant.model),
             report=report,

@@ -8,7 +8,8 @@ is structured with cattrs so a mistake names the key's path and what was expecte
                ssl_cert_file, cors_origins, cors_methods, cors_headers, cors_credentials
     [models]   dir, preset, max, autoload, sleep_idle_seconds, memory_margin_mib
     [troupe]   engine, log_level, log_format, state_dir, max_body_mib, ws_max_message_mib,
-               queue_max, queue_timeout, load_timeout, drain_timeout
+               queue_max, queue_timeout, load_timeout, drain_timeout, drain_after,
+               cpu_placement, kv_store, kv_store_mib
     [child]    any llama-server option, forwarded to every child ("ctx-size" = 4096)
 """
 
@@ -77,6 +78,8 @@ class TroupeSection:
     body_timeout: float | None = None
     max_connections: int | None = None
     ws_idle_timeout: float | None = None
+    kv_store: str | None = None
+    kv_store_mib: int | None = None
 
 
 @attrs.frozen
@@ -129,6 +132,8 @@ _TROUPE = {
     "body_timeout": "--body-timeout",
     "max_connections": "--max-connections",
     "ws_idle_timeout": "--ws-idle-timeout",
+    "kv_store": "--kv-store",
+    "kv_store_mib": "--kv-store-mib",
 }
 
 

@@ -89,6 +89,8 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--body-timeout", hint="SECONDS", env="TROUPE_BODY_TIMEOUT"),
     _opt("--max-connections", hint="N", env="TROUPE_MAX_CONNECTIONS"),
     _opt("--ws-idle-timeout", hint="SECONDS", env="TROUPE_WS_IDLE_TIMEOUT"),
+    _opt("--kv-store", hint="on|off", env="TROUPE_KV_STORE"),
+    _opt("--kv-store-mib", hint="N", env="TROUPE_KV_STORE_MIB"),
 )
 
 
@@ -140,6 +142,10 @@ class RouterSettings:
     # children take the engine's defaults, as llama.cpp's router.
     cpu_placement: str = "auto"
     access_log: bool = False  # one log line per proxied request (troupe.ops.access)
+    # "on": slots saved before troupe stops a child, restored when their conversation
+    # returns (troupe.kvstore), at most kv_store_bytes on disk; "off": as llama.cpp.
+    kv_store: str = "on"
+    kv_store_bytes: int = 4096 << 20
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20
     # Host names a loopback listener answers beside loopback ones (DNS rebinding);
@@ -153,6 +159,7 @@ class RouterSettings:
 
 
 CPU_PLACEMENTS = ("auto", "off")
+KV_STORE_MODES = ("on", "off")
 
 
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> str:
@@ -422,6 +429,8 @@ def build_settings(
         cpu_placement=_choice(
             "--cpu-placement", own.text("--cpu-placement", "auto"), CPU_PLACEMENTS
         ),
+        kv_store=_choice("--kv-store", own.text("--kv-store", "on"), KV_STORE_MODES),
+        kv_store_bytes=_mib(own, "--kv-store-mib", 4096),
         memory_margin_bytes=_margin(own.text("--models-memory-margin", "1024")),
         access_log=_choice("--access-log", own.text("--access-log", "off"), ("on", "off")) == "on",
         allowed_hosts=tuple(

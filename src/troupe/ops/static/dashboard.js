@@ -125,6 +125,10 @@
 
   // ----- model cards -------------------------------------------------------------------
 
+  function bytesText(n) {
+    return n >= GIB ? (n / GIB).toFixed(2) + " GiB" : (n / 2 ** 20).toFixed(1) + " MiB";
+  }
+
   function bytes(perDevice) {
     if (!perDevice) return "-";
     const size = (n) => n >= GIB ? (n / GIB).toFixed(2) + " GiB" : (n / 2 ** 20).toFixed(1) + " MiB";
@@ -203,6 +207,9 @@
       const running = ["loading", "loaded", "sleeping"].includes(item.status.value);
       c.field("memory-used").textContent = running ? bytes(memory.used_bytes) : "-";
       c.field("cpu").textContent = cpuText(extra.cpu);
+      // Its stored conversations (troupe.kvstore); absent with --kv-store off.
+      const kv = extra.kv;
+      c.field("kv").textContent = kv ? `${kv.entries} saved, ${kv.entries ? bytesText(kv.bytes) : "0"}` : "off";
       const load = extra.last_load_seconds;
       c.field("last-load").textContent = load == null ? "-" : load.toFixed(2) + " s";
       c.field("last-eviction").textContent = extra.last_eviction || "-";

@@ -1,0 +1,11 @@
+"""The KV store: a child's slots saved before troupe stops it, restored when they return.
+
+`KvStore` holds the files (``--state-dir``/kv, one directory per KV identity),
+`KvService` is what the launcher, the instance's stop and the request path call.
+"""
+
+from troupe.kvstore.identity import kv_identity
+from troupe.kvstore.service import KvService
+from troupe.kvstore.store import KvEntry, KvStore
+
+__all__ = ["KvEntry", "KvService", "KvStore", "kv_identity"]

@@ -1,0 +1,67 @@
+"""The KV save in a child's stop, with fake-engine children: it runs before the exit
+command, and a save that overruns its bound is abandoned while the stop goes on."""
+
+from __future__ import annotations
+
+import trio
+
+from troupe.sched import Status
+from troupe_rig.router import RouterFactory
+
+
+async def test_an_overrunning_save_is_abandoned_and_the_stop_goes_on(
+    fake_router: RouterFactory,
+) -> None:
+    async with fake_router({"a": {}}) as router:
+        kv = router.ctx.kv
+        assert kv is not None
+        kv.save_seconds = 0.2  # read into the child's launch spec when it starts
+        entered, abandoned = trio.Event(), trio.Event()
+        ports: list[int] = []
+
+        async def hang(model: str, port: int) -> None:
+            ports.append(port)
+            entered.set()
+            try:
+                await trio.sleep_forever()
+            finally:
+                abandoned.set()
+
+        kv.save_slots = hang  # type: ignore[method-assign]
+        await router.ctx.scheduler.load("a")
+        await router.wait_for_status("a", Status.LOADED)
+        await router.ctx.scheduler.unload("a")
+        await entered.wait()
+        snap = await router.wait_for_status("a", Status.UNLOADED)
+        assert abandoned.is_set()
+        assert snap.models["a"].exit_code == 0
+        assert len(ports) == 1  # the child's port, once
+
+
+async def test_an_unload_saves_before_the_child_exits(fake_router: RouterFactory) -> None:
+    async with fake_router({"a": {}}) as router:
+        kv = router.ctx.kv
+        assert kv is not None
+        saved: list[str] = []
+
+        async def record(model: str, port: int) -> None:
+            saved.append(model)
+
+        kv.save_slots = record  # type: ignore[method-assign]
+        await router.ctx.scheduler.load("a")
+        await router.wait_for_status("a", Status.LOADED)
+        await router.ctx.scheduler.unload("a")  # an unload keeps what it holds
+        await router.wait_for_status("a", Status.UNLOADED)
+        assert saved == ["a"]
+
+
+async def test_with_the_store_off_a_child_has_no_save_and_no_slot_path(
+    fake_router: RouterFactory,
+) -> None:
+    async with fake_router({"a": {}}, "--kv-store", "off") as router:
+        assert router.ctx.kv is None
+        await router.ctx.scheduler.load("a")
+        await router.wait_for_status("a", Status.LOADED)
+        entry = router.ctx.catalog.get("a")
+        assert entry is not None
+        assert "--slot-save-path" not in router.ctx.status_args(entry)
