@@ -23,6 +23,7 @@ from troupe.actors.scheduler import Scheduler
 from troupe.catalog import Catalog, ModelEntry, build_catalog, check_startup
 from troupe.catalog.facts import FactsCache
 from troupe.child.ledger import PidLedger, default_state_dir
+from troupe.cluster import Cluster, NodeList
 from troupe.conversations import ConversationTracker
 from troupe.download.router import RouterDownloads
 from troupe.engine import Engine
@@ -74,6 +75,7 @@ class Router:
     devices: DeviceList  # totals for feasibility; free memory is sampled
     reader: DeviceReader
     fake_timing: bool = False
+    cluster: Cluster | None = None  # --cluster-nodes: the peers, and where models go
     # The servers' side of the lifecycle: ready once listening; `http_stop` asks the
     # HTTP server to drain, `http_done` says it has; `http_server` is the drain's handle.
     ready: bool = False
@@ -194,7 +196,15 @@ def build_router(
         devices=devices,
         reader=reader,
         fake_timing=fake_timing,
+        cluster=_cluster(settings),
     )
+
+
+def _cluster(settings: RouterSettings) -> Cluster | None:
+    if not settings.cluster_nodes:
+        return None  # one node: no peers, nothing on the request path
+    key = settings.api_keys[0] if settings.api_keys else None
+    return Cluster(NodeList(settings.cluster_nodes), api_key=key, read_timeout=settings.timeout)
 
 
 def _no_mmproj(settings: RouterSettings) -> bool:

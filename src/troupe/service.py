@@ -171,6 +171,8 @@ async def _stop_http(router: Router) -> None:
     await router.http_done.wait()
     with trio.CancelScope(shield=True):
         await router.relay.aclose()
+        if router.cluster is not None:
+            await router.cluster.aclose()
 
 
 def _max_stop_seconds(router: Router) -> float:

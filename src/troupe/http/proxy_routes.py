@@ -11,6 +11,7 @@ import trio
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.catalog import ModelEntry
 from troupe.http.body_model import BadBody, model_from_body
+from troupe.http.cluster_forward import forward_elsewhere
 from troupe.http.errors import error_body
 from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
@@ -186,6 +187,8 @@ async def handle_proxy_post(ctx: Router, ex: Exchange) -> None:
     except BadBody as exc:
         await ex.respond(400, error_body(str(exc), "invalid_request_error"))
         return
+    if ctx.cluster is not None and await forward_elsewhere(ctx, ex, name):
+        return  # another node's model: served there (--cluster-nodes)
     conv_id = ex.header(b"x-conversation-id") or ""
     await _serve(ctx, ex, name, update_last_used=True, conv_id=conv_id)
 

@@ -71,6 +71,7 @@ class TroupeSection:
     drain_timeout: float | None = None
     drain_after: float | str | None = None
     cpu_placement: str | None = None
+    cluster_nodes: str | None = None
 
 
 @attrs.frozen
@@ -117,6 +118,7 @@ _TROUPE = {
     "drain_timeout": "--drain-timeout",
     "drain_after": "--drain-after",
     "cpu_placement": "--cpu-placement",
+    "cluster_nodes": "--cluster-nodes",
 }
 
 

@@ -83,6 +83,7 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--drain-timeout", hint="SECONDS", env="TROUPE_DRAIN_TIMEOUT"),
     _opt("--drain-after", hint="SECONDS", env="TROUPE_DRAIN_AFTER"),
     _opt("--cpu-placement", hint="auto|off", env="TROUPE_CPU_PLACEMENT"),
+    _opt("--cluster-nodes", hint="URLS|FILE", env="TROUPE_CLUSTER_NODES"),
 )
 
 
@@ -132,6 +133,9 @@ class RouterSettings:
     # "auto": each child gets threads and a CPU set of its own (troupe.sched.cpu); "off":
     # children take the engine's defaults, as llama.cpp's router.
     cpu_placement: str = "auto"
+    # Every node of a cluster behind one balancer (comma-separated URLs, or a file of
+    # them, this node included); "": a single node (troupe.cluster).
+    cluster_nodes: str = ""
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20
     # Every llama-server option from the command line, forwarded to children (spec §2.5).
@@ -378,5 +382,6 @@ def build_settings(
             "--cpu-placement", own.text("--cpu-placement", "auto"), CPU_PLACEMENTS
         ),
         memory_margin_bytes=_margin(own.text("--models-memory-margin", "1024")),
+        cluster_nodes=own.text("--cluster-nodes", "").strip(),
         base_args=tuple({**(config or {}), **cli}.items()),
     )
