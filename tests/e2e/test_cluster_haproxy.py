@@ -1,0 +1,250 @@
+"""Three ``troupe serve`` nodes on loopback behind real HAProxy, configured by ``troupe
+cluster render``; the real engine with tiny models; the official ``openai`` SDK
+unchanged through the balancer.
+
+n1 and n2 list tiny-a, tiny-b and tiny-c; n3 lists only tiny-a and tiny-b, so tiny-c
+may only go to n1 or n2. Which node is a model's home is troupe's placement
+(`troupe.cluster.rank`); the balancer says which node it sent a request to
+(``X-Troupe-Node``), and each node's own ``/models`` says what it has loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+import trio
+
+from troupe_rig import TinyModel, write_tiny_models
+from troupe_rig.cluster import ClusterStack, open_cluster
+from troupe_rig.realtime_client import EventLog, run_asyncio, sdk_client
+
+LONG = 200_000  # bytes of message before the SDK writes "model": past HAProxy's 16 KB
+CTX = 32768
+
+
+@pytest.fixture
+def catalogues(tmp_path: Path) -> list[Path]:
+    # A long context (32 MiB of KV each), so a long generation is still going when its
+    # node is killed (the tiny models make ~4,000 tokens a second).
+    full, partial = tmp_path / "full", tmp_path / "partial"
+    names = ("tiny-a", "tiny-b", "tiny-c")
+    write_tiny_models(full, [TinyModel(n, seed=i, n_ctx=CTX) for i, n in enumerate(names)])
+    partial.mkdir()
+    for name in ("tiny-a", "tiny-b"):
+        (partial / f"{name}.gguf").symlink_to(full / f"{name}.gguf")
+    return [full, full, partial]
+
+
+@asynccontextmanager
+async def cluster(
+    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+) -> AsyncIterator[ClusterStack]:
+    args = ["--models-max", "2", "--ctx-size", str(CTX)]
+    async with open_cluster(tmp_path / "cluster", catalogues, args, haproxy=haproxy_path) as stack:
+        yield stack
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def _chat(url: str, model: str, content: str = "hi", **extra: Any) -> tuple[str, str]:
+    """(the node HAProxy sent it to, the answer's text)."""
+    with _client(url) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": content}], max_tokens=4, **extra
+        )
+        answer = raw.parse()
+    return raw.headers.get("x-troupe-node", ""), answer.choices[0].message.content or ""
+
+
+def _long_chat(url: str, model: str, **extra: Any) -> tuple[str, str]:
+    """A 200 KB chat: the tiny model's context cannot take it, so the answer is the
+    model's child's own 400 (which proves the request reached it)."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        _chat(url, model, "x" * LONG, **extra)
+    return caught.value.response.headers.get("x-troupe-node", ""), caught.value.message
+
+
+def _stream(url: str, model: str) -> str:
+    with _client(url) as client:
+        stream = client.completions.create(model=model, prompt="hello", max_tokens=16, stream=True)
+        return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+
+
+async def test_each_model_on_its_node_long_bodies_streams_realtime_and_the_union(
+    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+) -> None:
+    async with cluster(tmp_path, catalogues, haproxy_path) as stack:
+        assert [n.name for n in stack.order("tiny-c")] != []
+        assert "n3" not in [n.name for n in stack.order("tiny-c")]  # not in its catalogue
+
+        # Realtime first: the WebSocket reaches tiny-c's home by ?model= alone.
+        async def realtime(url: str) -> list[str]:
+            async with sdk_client(url).realtime.connect(model="tiny-c") as conn:
+                log = EventLog(conn)
+                assert (await log.next()).type == "session.created"
+                item = {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "hello through haproxy"}],
+                }
+                await log.send({"type": "conversation.item.create", "item": item})
+                await log.send({"type": "response.create", "response": {"max_output_tokens": 4}})
+                return [e.type for e in await log.until("response.done")]
+
+        kinds = await run_asyncio(realtime, stack.url)
+        assert kinds[-1] == "response.done"
+        assert "response.output_text.delta" in kinds
+        assert await stack.loaded_on("tiny-c") == [stack.order("tiny-c")[0].name]
+
+        # A short chat goes to its model's home, every time.
+        for model in ("tiny-a", "tiny-b", "tiny-c"):
+            home = stack.order(model)[0].name
+            for _ in range(2):
+                node, text = await trio.to_thread.run_sync(_chat, stack.url, model)
+                assert node == home
+                assert text
+            assert await stack.loaded_on(model) == [home]
+
+        # 200 KB before "model": HAProxy cannot read it and sends the request to any node,
+        # which forwards it to the home node: the child there answers, no other loads it.
+        landed = set()
+        for _ in range(4):
+            node, message = await trio.to_thread.run_sync(_long_chat, stack.url, "tiny-b")
+            assert "context" in message
+            landed.add(node)
+        assert await stack.loaded_on("tiny-b") == [stack.order("tiny-b")[0].name]
+
+        # Straight to a node that is not tiny-a's home: forwarded there.
+        home, other = stack.order("tiny-a")[0], stack.order("tiny-a")[1]
+        _, message = await trio.to_thread.run_sync(_long_chat, other.url, "tiny-a")
+        assert "context" in message
+        assert await stack.loaded_on("tiny-a") == [home.name]
+        _, text = await trio.to_thread.run_sync(_chat, other.url, "tiny-a")
+        assert text
+        assert await stack.loaded_on("tiny-a") == [home.name]
+
+        # Streaming through the balancer, relayed as it comes.
+        text = await trio.to_thread.run_sync(_stream, stack.url, "tiny-b")
+        assert text
+
+        # GET /v1/models through the balancer: every node's models, once each, where
+        # each is loaded.
+        async with httpx.AsyncClient(timeout=30) as http:
+            listed = (await http.get(stack.url + "/v1/models")).json()
+        by_id = {m["id"]: m for m in listed["data"]}
+        assert sorted(by_id) == ["tiny-a", "tiny-b", "tiny-c"]
+        assert listed["troupe"]["unreachable"] == []
+        for model, item in by_id.items():
+            assert item["status"]["value"] == "loaded"
+            where = item["troupe"]["nodes"]
+            assert len(where) == len(stack.models[model])
+            loaded = [u for u, status in where.items() if status == "loaded"]
+            assert loaded in ([stack.order(model)[0].url], ["self"])
+
+        # A request already forwarded once is served where it lands, never forwarded
+        # again: this one loads tiny-a beside its home.
+        _, text = await trio.to_thread.run_sync(
+            lambda: _chat(other.url, "tiny-a", extra_headers={"x-troupe-forwarded": "n0"})
+        )
+        assert text
+        assert sorted(await stack.loaded_on("tiny-a")) == sorted([home.name, other.name])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _stream_until_cut(url: str, model: str, first: trio.Event) -> BaseException | None:
+    """A long stream: ``first`` set once a token arrived; what ended it (None: it ended
+    normally, which it must not here)."""
+    with _client(url) as client:
+        stream = client.completions.create(
+            model=model, prompt="hi", max_tokens=30000, stream=True, extra_body={"ignore_eos": True}
+        )
+        try:
+            for _ in stream:
+                if not first.is_set():
+                    trio.from_thread.run_sync(first.set)
+        except (openai.APIError, httpx.HTTPError) as exc:
+            return exc
+    return None
+
+
+async def test_a_node_killed_mid_stream_costs_only_its_requests_and_its_models_come_back(
+    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+) -> None:
+    async with cluster(tmp_path, catalogues, haproxy_path) as stack:
+        victim, successor = stack.order("tiny-b")[:2]
+        node, _ = await trio.to_thread.run_sync(_chat, stack.url, "tiny-b")
+        assert node == victim.name
+        child = (await stack.own_models(victim))["tiny-b"]["troupe"]["pid"]
+        others = [m for m in ("tiny-a", "tiny-c") if stack.order(m)[0] is not victim]
+        for model in others:
+            await trio.to_thread.run_sync(_chat, stack.url, model)
+
+        first = trio.Event()
+        outcome: list[BaseException | None] = []
+        served: list[str] = []
+
+        async def long_stream() -> None:
+            outcome.append(
+                await trio.to_thread.run_sync(_stream_until_cut, stack.url, "tiny-b", first)
+            )
+
+        async def trace(model: str) -> None:
+            # Requests for models whose home is another node go on, all answered.
+            for _ in range(10):
+                node, text = await trio.to_thread.run_sync(_chat, stack.url, model)
+                assert text
+                served.append(node)
+
+        with trio.fail_after(60):  # nothing hangs
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(long_stream)
+                await first.wait()
+                await stack.kill(victim)
+                for model in others:
+                    nursery.start_soon(trace, model)
+        assert outcome != [None]  # the stream in flight on the dead node got an error
+        assert victim.name not in served
+        assert len(served) == 10 * len(others)
+
+        # Its models go to the next node at once: a connection refused is retried
+        # elsewhere (retry-on conn-failure), and the health check takes it out.
+        node, text = await trio.to_thread.run_sync(_chat, stack.url, "tiny-b")
+        assert (node, bool(text)) == (successor.name, True)
+        await stack.wait_status(victim.name, "DOWN")
+        node, _ = await trio.to_thread.run_sync(_chat, stack.url, "tiny-b")
+        assert node == successor.name
+        assert successor.name in await stack.loaded_on("tiny-b")
+
+        # No orphan: the dead node's child exits (it stops at stdin EOF).
+        with trio.fail_after(30):
+            # Another process's exit has no event here: its table entry is read.
+            while _alive(child):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        # Nothing left in flight on the nodes that lived.
+        for node_ in stack.nodes:
+            if node_ is not victim:
+                models = await stack.own_models(node_)
+                assert all(m["troupe"]["in_flight"] == 0 for m in models.values())
+
+        # The node comes back on its port: once its health check passes, its models
+        # return to it.
+        await stack.start(victim)
+        await stack.wait_status(victim.name, "UP")
+        node, text = await trio.to_thread.run_sync(_chat, stack.url, "tiny-b")
+        assert (node, bool(text)) == (victim.name, True)
+        assert victim.name in await stack.loaded_on("tiny-b")

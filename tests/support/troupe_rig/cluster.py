@@ -1,0 +1,227 @@
+"""Several ``troupe serve`` nodes on loopback behind real HAProxy (Debian's), configured
+by ``troupe cluster render`` exactly as a user would.
+
+Each node is its own process with its own free port and state directory; they all read
+one node-list file (``--cluster-nodes FILE``), written once every node listens (their
+ports are only known then). HAProxy's configuration is rendered from the nodes' own
+``/models`` by the real command; its runtime API (a stats socket) says what its health
+checks see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from troupe.cluster import rank
+from troupe_rig.engine_process import free_port
+from troupe_rig.process import TroupeProcess, start_troupe
+
+__all__ = ["HAPROXY", "ClusterStack", "Node", "haproxy_command", "open_cluster"]
+
+HAPROXY = Path("/usr/sbin/haproxy")
+
+
+@attrs.define(eq=False)
+class Node:
+    name: str  # its server name in HAProxy's configuration (n1, n2, ...)
+    args: list[str]
+    state_dir: Path
+    port: int = 0
+    process: TroupeProcess | None = None
+    killed: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+async def haproxy_command(socket: Path, command: str) -> str:
+    """One command on HAProxy's runtime API, its whole answer."""
+    stream = await trio.open_unix_socket(str(socket))
+    async with stream:
+        await stream.send_all(command.encode() + b"\n")
+        out = b""
+        while chunk := await stream.receive_some(65536):
+            out += chunk
+    return out.decode()
+
+
+@attrs.define(eq=False)
+class ClusterStack:
+    nodes: list[Node]
+    url: str  # HAProxy's
+    socket: Path  # HAProxy's runtime API
+    config: str  # the rendered haproxy.cfg
+    models: dict[str, list[str]]  # model -> the node names whose catalogue has it
+    nursery: trio.Nursery
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def order(self, model: str) -> list[Node]:
+        """The nodes for ``model``, home first (troupe's placement, computed here)."""
+        eligible = {self.node(n).url: self.node(n) for n in self.models[model]}
+        return [eligible[u] for u in rank(model, list(eligible))]
+
+    async def own_models(self, node: Node) -> dict[str, dict[str, Any]]:
+        """The node's own ``/models`` (the forward mark: not the cluster's union)."""
+        async with httpx.AsyncClient(timeout=10) as http:
+            resp = await http.get(node.url + "/models", headers={"x-troupe-forwarded": "test"})
+        return {m["id"]: m for m in resp.json()["data"]}
+
+    async def loaded_on(self, model: str) -> list[str]:
+        """The live nodes with ``model`` loaded."""
+        out = []
+        for node in self.nodes:
+            if not node.killed and node.process is not None:
+                models = await self.own_models(node)
+                if models.get(model, {}).get("status", {}).get("value") == "loaded":
+                    out.append(node.name)
+        return out
+
+    async def server_status(self, name: str) -> str:
+        """HAProxy's health-check view of node ``name`` (UP, DOWN, ...)."""
+        text = await haproxy_command(self.socket, "show stat")
+        rows = csv.DictReader(io.StringIO(text.removeprefix("# ")))
+        for row in rows:
+            if row.get("pxname") == "troupe_any" and row.get("svname") == name:
+                return row.get("status", "")
+        raise AssertionError(f"no server {name} in {text}")
+
+    async def wait_status(self, name: str, prefix: str, within: float = 30) -> None:
+        # HAProxy has no event to wait on; its runtime API is asked until it agrees.
+        with trio.fail_after(within):
+            while True:
+                try:
+                    if (await self.server_status(name)).startswith(prefix):
+                        return
+                except OSError:
+                    pass  # its socket is not there yet
+                await trio.sleep(0.05)
+
+    async def kill(self, node: Node) -> None:
+        assert node.process is not None
+        node.process.process.kill()  # SIGKILL: no drain, no stop ladder
+        node.killed = True
+        await node.process.process.wait()
+
+    async def start(self, node: Node) -> None:
+        """Start (or start again, on its old port) the node."""
+        node.process = await start_troupe(node.args, state_dir=node.state_dir, port=node.port)
+        node.port = int(node.process.url.rsplit(":", 1)[1])
+        node.killed = False
+        self.nursery.start_soon(_drain, node.process)
+
+
+async def _drain(process: TroupeProcess) -> None:
+    """Its stderr read to the end (it never blocks on a full pipe), then closed."""
+    await process.drain_log()
+    assert process.process.stderr is not None
+    await process.process.stderr.aclose()
+
+
+async def _stop(process: trio.Process, grace: float = 20) -> None:
+    with trio.CancelScope(shield=True):
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            with trio.move_on_after(grace):
+                await process.wait()
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+
+
+def render(nodes_file: Path, port: int, socket: Path, check_interval: str) -> str:
+    """``troupe cluster render`` as a user runs it."""
+    argv = [sys.executable, "-m", "troupe", "cluster", "render", "--nodes", str(nodes_file)]
+    argv += ["--bind", f"127.0.0.1:{port}", "--check-interval", check_interval]
+    argv += ["--stats-socket", str(socket)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"troupe cluster render failed: {done.stderr}")
+    return done.stdout
+
+
+@contextlib.asynccontextmanager
+async def open_cluster(
+    directory: Path,
+    catalogues: Sequence[Path],
+    args: Sequence[str] = (),
+    *,
+    haproxy: Path = HAPROXY,
+    check_interval: str = "300ms",
+) -> AsyncIterator[ClusterStack]:
+    """A node per models directory in ``catalogues`` (each with ``args``), HAProxy in
+    front; everything stopped when the block ends."""
+    directory.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (before anything runs)
+    nodes_file = directory / "nodes.txt"
+    nodes_file.write_text("")
+    sockets = Path(tempfile.mkdtemp(prefix="hap", dir="/tmp"))  # a unix path is short
+    socket = sockets / "api.sock"
+    nodes = [
+        Node(
+            f"n{i}",
+            ["--models-dir", str(d), "--cluster-nodes", str(nodes_file), *args],
+            directory / f"state{i}",
+        )
+        for i, d in enumerate(catalogues, 1)
+    ]
+    models: dict[str, list[str]] = {}
+    for node, catalogue in zip(nodes, catalogues, strict=True):
+        for path in sorted(catalogue.glob("*.gguf")):
+            models.setdefault(path.stem, []).append(node.name)
+    hap: trio.Process | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            stack = ClusterStack(nodes, "", socket, "", models, nursery)
+            try:
+                for node in nodes:
+                    await stack.start(node)
+                nodes_file.write_text("".join(n.url + "\n" for n in nodes))
+                port = free_port()
+                stack.config = await trio.to_thread.run_sync(
+                    render, nodes_file, port, socket, check_interval
+                )
+                (directory / "haproxy.cfg").write_text(stack.config)
+                with (directory / "haproxy.log").open("wb") as hap_log:
+                    hap = await trio.lowlevel.open_process(
+                        [str(haproxy), "-db", "-f", str(directory / "haproxy.cfg")],
+                        stdin=subprocess.DEVNULL,
+                        stdout=hap_log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                stack.url = f"http://127.0.0.1:{port}"
+                for node in nodes:
+                    await stack.wait_status(node.name, "UP")
+                yield stack
+            finally:
+                with trio.CancelScope(shield=True):
+                    if hap is not None:
+                        await _stop(hap, 5)
+                    async with trio.open_nursery() as stopping:
+                        for node in nodes:
+                            if node.process is not None:
+                                stopping.start_soon(_stop, node.process.process)
+                nursery.cancel_scope.cancel()
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket)
