@@ -4,15 +4,20 @@ balancer's configuration (`troupe cluster render` writes it out).
 A model may go to a node whose catalogue has it (by name or alias) and whose memory
 can hold it (its ``/models`` entry is not RED). Among those, nodes are ranked by
 rendezvous hashing (highest random weight): each (node, model) pair gets a score from
-a hash, highest first. The first is the model's home, the rest are the order it spills
-and fails over to. Adding a node moves only the models it now scores highest for
-(about 1/N of them); removing one moves only its own. Nothing depends on the order the
-nodes are listed in, so two lists with the same members give the same placement.
+a hash, highest first. Homes are then bounded: taking the models in the order of their
+own hash, each gets the first node of its ranking that is home to fewer than its share
+(``ceil(models / nodes)``), so six models on three nodes are two on each rather than
+whatever the hash gives (three on one node with ``--models-max 2`` would swap). The home
+comes first in a model's order, the rest of its ranking after it: where it spills under
+load and fails over to. Adding a node moves mostly the models it now scores highest for;
+nothing depends on the order the nodes are listed in, so two lists with the same members
+give the same placement.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -72,11 +77,12 @@ def rank(model: str, urls: Iterable[str]) -> list[str]:
     return sorted(urls, key=lambda u: (-_score(u, model), u))
 
 
-@attrs.frozen
 class Placement:
     """Every node's facts, and the order each model goes to them in."""
 
-    nodes: Sequence[NodeFacts]
+    def __init__(self, nodes: Sequence[NodeFacts]) -> None:
+        self.nodes = tuple(nodes)
+        self._homes = _bounded_homes(self.nodes)
 
     def canonical(self, name: str) -> str | None:
         """The model ``name`` means on the first node (in list order) that knows it."""
@@ -91,7 +97,13 @@ class Placement:
         model = self.canonical(name)
         if model is None:
             return []
-        return rank(model, [n.url for n in self.nodes if model in n.models])
+        ranked = rank(model, [n.url for n in self.nodes if model in n.models])
+        home = self._homes.get(model)
+        return [home, *(u for u in ranked if u != home)] if home else ranked
+
+    def homes(self) -> dict[str, str]:
+        """Each model -> its home node."""
+        return dict(self._homes)
 
     def models(self) -> dict[str, list[str]]:
         """Every model any node can hold -> its order; names (aliases too) -> model."""
@@ -105,3 +117,18 @@ class Placement:
             for name, model in node.names.items():
                 out.setdefault(name, model)
         return out
+
+
+def _bounded_homes(nodes: Sequence[NodeFacts]) -> dict[str, str]:
+    every = sorted({m for n in nodes for m in n.models}, key=lambda m: (_score("", m), m))
+    if not every:
+        return {}
+    share = math.ceil(len(every) / len(nodes))
+    homes: dict[str, str] = {}
+    count = {n.url: 0 for n in nodes}
+    for model in every:
+        ranked = rank(model, [n.url for n in nodes if model in n.models])
+        home = next((u for u in ranked if count[u] < share), ranked[0])
+        homes[model] = home
+        count[home] += 1
+    return homes

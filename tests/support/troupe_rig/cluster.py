@@ -27,7 +27,7 @@ import attrs
 import httpx
 import trio
 
-from troupe.cluster import rank
+from troupe.cluster import NodeFacts, Placement
 from troupe_rig.engine_process import free_port
 from troupe_rig.process import TroupeProcess, start_troupe
 
@@ -74,9 +74,14 @@ class ClusterStack:
         return next(n for n in self.nodes if n.name == name)
 
     def order(self, model: str) -> list[Node]:
-        """The nodes for ``model``, home first (troupe's placement, computed here)."""
-        eligible = {self.node(n).url: self.node(n) for n in self.models[model]}
-        return [eligible[u] for u in rank(model, list(eligible))]
+        """The nodes for ``model``, home first: troupe's placement, over the catalogues
+        this rig gave the nodes."""
+        facts = []
+        for node in self.nodes:
+            held = frozenset(m for m, on in self.models.items() if node.name in on)
+            facts.append(NodeFacts(node.url, held, {m: m for m in held}))
+        by_url = {n.url: n for n in self.nodes}
+        return [by_url[u] for u in Placement(facts).order(model)]
 
     async def own_models(self, node: Node) -> dict[str, dict[str, Any]]:
         """The node's own ``/models`` (the forward mark: not the cluster's union)."""

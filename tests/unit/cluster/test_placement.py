@@ -70,3 +70,19 @@ def test_node_urls_from_a_list_or_a_file(tmp_path: Any) -> None:
     assert nodes.urls() == ()
     listed.write_text("# the cluster\nhttp://a:1\nb:2  # the second\n")
     assert nodes.urls() == ("http://a:1", "http://b:2")  # read again: it changed
+
+
+def test_homes_are_shared_out_evenly_and_come_first() -> None:
+    urls = [f"http://n{i}:8080" for i in range(1, 4)]
+    models = [f"m-{i}" for i in range(1, 7)]
+    placement = Placement([node_facts(u, _doc(*models)) for u in urls])
+    homes = placement.homes()
+    assert sorted(homes) == models
+    assert sorted(list(homes.values()).count(u) for u in urls) == [2, 2, 2]
+    for model in models:
+        order = placement.order(model)
+        assert order[0] == homes[model]
+        assert sorted(order) == urls  # the rest: where it spills and fails over to
+    # The same members listed in another order: the same homes.
+    again = Placement([node_facts(u, _doc(*models)) for u in reversed(urls)])
+    assert again.homes() == homes
