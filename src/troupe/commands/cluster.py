@@ -12,7 +12,6 @@ stderr.
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 import urllib.error
@@ -106,8 +105,8 @@ def run_cluster(args: list[str]) -> int:
     placement = Placement([node_facts(u, d) for u, d in docs.items() if d is not None])
     if not placement.nodes:
         raise UsageError("no node answered GET /models")
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    header = f"Written by `troupe cluster render` at {now} from:\n" + "\n".join(
+    # No timestamp: the same nodes and catalogues give the same bytes (cmp tells a change).
+    header = "Written by `troupe cluster render` from:\n" + "\n".join(
         f"  {server_names(urls)[u]} {u}" + ("" if docs[u] is not None else " (did not answer)")
         for u in urls
     )

@@ -45,3 +45,11 @@ def test_the_rendered_configuration_is_valid_and_routes_each_model_in_its_order(
         assert f'"{model}" "{model}-alias"' in text
     assert "org/repo:Q4_K_M" in text
     assert text.count("track troupe_any/") == 3 + 2
+
+
+def test_the_shipped_example_is_valid(haproxy_path: Path) -> None:
+    example = Path(__file__).resolve().parents[3] / "configs" / "haproxy-troupe.cfg"
+    checked = subprocess.run(
+        [str(haproxy_path), "-c", "-f", str(example)], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
