@@ -136,6 +136,31 @@ async def test_each_model_on_its_node_long_bodies_streams_realtime_and_the_union
         text = await trio.to_thread.run_sync(_stream, stack.url, "tiny-b")
         assert text
 
+        # A resumable stream (X-Conversation-Id) runs on its model's home; another node
+        # finds it there: replay, lookup and delete.
+        holder, elsewhere = stack.order("tiny-b")[0], stack.order("tiny-b")[-1]
+        body = {"model": "tiny-b", "prompt": "hi", "max_tokens": 6, "stream": True}
+        async with httpx.AsyncClient(timeout=30) as http:
+            first = await http.post(
+                stack.url + "/v1/completions", json=body, headers={"x-conversation-id": "c-1"}
+            )
+            assert first.headers["x-troupe-node"] == holder.name
+            replay = await http.get(elsewhere.url + "/v1/stream", params={"conv_id": "c-1"})
+            assert replay.status_code == 200
+            assert replay.text == first.text  # the same events, from the holder's child
+            found = await http.post(
+                elsewhere.url + "/v1/streams/lookup", json={"conversation_ids": ["c-1"]}
+            )
+            assert [item["conversation_id"] for item in found.json()] == ["c-1"]
+            gone = await http.delete(elsewhere.url + "/v1/stream", params={"conv_id": "c-1"})
+            assert gone.status_code == 204
+            found = await http.post(
+                holder.url + "/v1/streams/lookup", json={"conversation_ids": ["c-1"]}
+            )
+            assert found.json() == []
+            missing = await http.get(elsewhere.url + "/v1/stream", params={"conv_id": "c-1"})
+            assert missing.status_code == 404
+
         # GET /v1/models through the balancer: every node's models, once each, where
         # each is loaded.
         async with httpx.AsyncClient(timeout=30) as http:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import trio
+
 from troupe.cluster import FORWARDED, Cluster
 from troupe.cluster.view import Peer
 from troupe.http.errors import error_body
@@ -20,7 +22,7 @@ from troupe.proxy.relay import ChildLost, request_headers
 from troupe.proxy.upstream import Unreachable, UpstreamError, UpstreamResponse, render_request
 from troupe.router import Router
 
-__all__ = ["cluster_models", "forward_elsewhere"]
+__all__ = ["ask_every_peer", "cluster_models", "forward_elsewhere", "stream_elsewhere"]
 
 log = logging.getLogger("troupe.cluster")
 
@@ -81,3 +83,57 @@ async def cluster_models(ctx: Router, ex: Exchange, local: dict[str, Any]) -> An
     if ex.header(FORWARDED) is not None:
         return {**local, "troupe": {"node": cluster.node_id}}
     return cluster.union(local, await cluster.docs())
+
+
+async def stream_elsewhere(ctx: Router, ex: Exchange) -> bool:
+    """``GET /v1/stream?conv_id=`` for a conversation this node does not hold: asked of
+    each other node in turn (a GET changes nothing); the first that does not answer
+    404 is relayed. False when none holds it."""
+    cluster = ctx.cluster
+    if cluster is None or ex.header(FORWARDED) is not None:
+        return False
+    await cluster.docs()  # learns which URL is this node
+    for url in cluster.nodes.urls():
+        peer = cluster.peer(url)
+        if url == cluster.self_url or peer.down:
+            continue
+        try:
+            upstream = await peer.send(_wire(ex, peer, cluster))
+        except UpstreamError as exc:
+            log.warning("node %s: %s %s failed: %s", url, ex.method, ex.path, exc)
+            continue
+        if upstream.status_code == 404:
+            upstream.close()
+            continue
+        await _relay_answer(ctx, ex, upstream)
+        return True
+    return False
+
+
+async def ask_every_peer(ctx: Router, ex: Exchange, within: float) -> list[bytes]:
+    """The request, with the forward mark, to every other node at once; the bodies of
+    the 200 answers that came within ``within`` seconds (stream lookups and deletes)."""
+    cluster = ctx.cluster
+    if cluster is None or ex.header(FORWARDED) is not None:
+        return []
+    await cluster.docs()
+    answers: list[bytes] = []
+
+    async def one(peer: Peer) -> None:
+        with trio.move_on_after(within):
+            try:
+                upstream = await peer.send(_wire(ex, peer, cluster))
+                try:
+                    body = b"".join([chunk async for chunk in upstream.chunks()])
+                finally:
+                    upstream.close()
+            except UpstreamError:
+                return
+            if upstream.status_code == 200:
+                answers.append(body)
+
+    async with trio.open_nursery() as nursery:
+        for url in cluster.nodes.urls():
+            if url != cluster.self_url and not cluster.peer(url).down:
+                nursery.start_soon(one, cluster.peer(url))
+    return answers

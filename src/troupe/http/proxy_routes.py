@@ -11,7 +11,7 @@ import trio
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.catalog import ModelEntry
 from troupe.http.body_model import BadBody, model_from_body
-from troupe.http.cluster_forward import forward_elsewhere
+from troupe.http.cluster_forward import forward_elsewhere, stream_elsewhere
 from troupe.http.errors import error_body
 from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
@@ -210,6 +210,8 @@ async def handle_stream_get(ctx: Router, ex: Exchange) -> None:
         )
         return
     model = ctx.conversations.lookup(conv_id)
+    if model is None and ctx.cluster is not None and await stream_elsewhere(ctx, ex):
+        return  # another node holds it (--cluster-nodes)
     path = f"/v1/stream?conv_id={quote(conv_id, safe='')}"
     if params.get("from"):
         path += f"&from={quote(params['from'], safe='')}"
