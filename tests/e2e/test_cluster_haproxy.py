@@ -273,3 +273,65 @@ async def test_a_node_killed_mid_stream_costs_only_its_requests_and_its_models_c
         node, text = await trio.to_thread.run_sync(_chat, stack.url, "tiny-b")
         assert (node, bool(text)) == (victim.name, True)
         assert victim.name in await stack.loaded_on("tiny-b")
+
+
+def _stream_to_end(url: str, model: str, tokens: int, first: trio.Event) -> str:
+    """A long stream read to its end: its finish reason."""
+    reason = ""
+    with _client(url) as client:
+        stream = client.completions.create(
+            model=model,
+            prompt="hi",
+            max_tokens=tokens,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        for chunk in stream:
+            if not first.is_set():
+                trio.from_thread.run_sync(first.set)
+            if chunk.choices and chunk.choices[0].finish_reason:
+                reason = chunk.choices[0].finish_reason
+    return reason
+
+
+async def test_a_fourth_node_joins_by_one_line_and_a_reload_drops_no_connection(
+    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+) -> None:
+    # The fourth is a small box: its catalogue has only tiny-d, which no other node has.
+    small = tmp_path / "small"
+    write_tiny_models(small, [TinyModel("tiny-d", seed=3, n_ctx=CTX)])
+    async with cluster(tmp_path, catalogues, haproxy_path) as stack:
+        first = trio.Event()
+        reasons: list[str] = []
+
+        async def long_stream() -> None:
+            reasons.append(
+                await trio.to_thread.run_sync(_stream_to_end, stack.url, "tiny-a", 6000, first)
+            )
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(long_stream)
+                await first.wait()  # in flight through the old configuration
+                fourth = stack.new_node(small)
+                await stack.start(fourth)
+                stack.write_nodes()  # one line more in the node list
+                await stack.reload()  # render again, then a graceful reload
+                await stack.wait_status(fourth.name, "UP")
+        assert reasons == ["length"]  # the stream went on to its end across the reload
+
+        # Every model on its home as the four nodes place it: tiny-d on the fourth.
+        assert stack.order("tiny-d") == [fourth]
+        for model in ("tiny-a", "tiny-b", "tiny-c", "tiny-d"):
+            node, text = await trio.to_thread.run_sync(_chat, stack.url, model)
+            assert (node, bool(text)) == (stack.order(model)[0].name, True)
+        # The nodes read the list again within a moment; the union then has tiny-d.
+        async with httpx.AsyncClient(timeout=30) as http:
+            with trio.fail_after(20):
+                # Their list is re-read every 2 s: no event to wait on from here.
+                while "tiny-d" not in await _listed(http, stack.url):  # noqa: ASYNC110
+                    await trio.sleep(0.2)
+
+
+async def _listed(http: httpx.AsyncClient, url: str) -> list[str]:
+    return [m["id"] for m in (await http.get(url + "/v1/models")).json()["data"]]

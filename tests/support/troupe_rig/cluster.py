@@ -64,11 +64,59 @@ async def haproxy_command(socket: Path, command: str) -> str:
 @attrs.define(eq=False)
 class ClusterStack:
     nodes: list[Node]
-    url: str  # HAProxy's
+    directory: Path
     socket: Path  # HAProxy's runtime API
-    config: str  # the rendered haproxy.cfg
     models: dict[str, list[str]]  # model -> the node names whose catalogue has it
     nursery: trio.Nursery
+    node_args: list[str]
+    check_interval: str
+    port: int = 0  # HAProxy's
+    config: str = ""  # the rendered haproxy.cfg
+    haproxy: trio.Process | None = None  # its master process (master-worker mode)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def nodes_file(self) -> Path:
+        return self.directory / "nodes.txt"
+
+    def new_node(self, catalogue: Path) -> Node:
+        """A node (not started) with ``catalogue`` as its models directory."""
+        node = Node(
+            f"n{len(self.nodes) + 1}",
+            [
+                "--models-dir",
+                str(catalogue),
+                "--cluster-nodes",
+                str(self.nodes_file),
+                *self.node_args,
+            ],
+            self.directory / f"state{len(self.nodes) + 1}",
+        )
+        self.nodes.append(node)
+        for path in sorted(catalogue.glob("*.gguf")):
+            self.models.setdefault(path.stem, []).append(node.name)
+        return node
+
+    def write_nodes(self) -> None:
+        """The node list every node reads: one line per node."""
+        self.nodes_file.write_text("".join(n.url + "\n" for n in self.nodes))
+
+    async def render(self) -> None:
+        """``troupe cluster render`` into haproxy.cfg."""
+        self.config = await trio.to_thread.run_sync(
+            render, self.nodes_file, self.port, self.socket, self.check_interval
+        )
+        (self.directory / "haproxy.cfg").write_text(self.config)
+
+    async def reload(self) -> None:
+        """A graceful reload: the master starts new workers on the new configuration;
+        the old ones finish the connections they have."""
+        assert self.haproxy is not None
+        await self.render()
+        self.haproxy.send_signal(signal.SIGUSR2)
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -106,7 +154,7 @@ class ClusterStack:
         for row in rows:
             if row.get("pxname") == "troupe_any" and row.get("svname") == name:
                 return row.get("status", "")
-        raise AssertionError(f"no server {name} in {text}")
+        return ""  # not in this configuration (yet: a reload is under way)
 
     async def wait_status(self, name: str, prefix: str, within: float = 30) -> None:
         # HAProxy has no event to wait on; its runtime API is asked until it agrees.
@@ -140,7 +188,8 @@ async def _drain(process: TroupeProcess) -> None:
     await process.process.stderr.aclose()
 
 
-async def _stop(process: trio.Process, grace: float = 20) -> None:
+async def _stop(process: trio.Process, grace: float = 20, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL (to its process group: HAProxy's workers too)."""
     with trio.CancelScope(shield=True):
         if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
@@ -149,7 +198,10 @@ async def _stop(process: trio.Process, grace: float = 20) -> None:
                 await process.wait()
             if process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
-                    process.kill()
+                    if group:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    else:
+                        process.kill()
                 await process.wait()
 
 
@@ -176,53 +228,35 @@ async def open_cluster(
     """A node per models directory in ``catalogues`` (each with ``args``), HAProxy in
     front; everything stopped when the block ends."""
     directory.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (before anything runs)
-    nodes_file = directory / "nodes.txt"
-    nodes_file.write_text("")
+    (directory / "nodes.txt").write_text("")
     sockets = Path(tempfile.mkdtemp(prefix="hap", dir="/tmp"))  # a unix path is short
     socket = sockets / "api.sock"
-    nodes = [
-        Node(
-            f"n{i}",
-            ["--models-dir", str(d), "--cluster-nodes", str(nodes_file), *args],
-            directory / f"state{i}",
-        )
-        for i, d in enumerate(catalogues, 1)
-    ]
-    models: dict[str, list[str]] = {}
-    for node, catalogue in zip(nodes, catalogues, strict=True):
-        for path in sorted(catalogue.glob("*.gguf")):
-            models.setdefault(path.stem, []).append(node.name)
-    hap: trio.Process | None = None
     try:
         async with trio.open_nursery() as nursery:
-            stack = ClusterStack(nodes, "", socket, "", models, nursery)
+            stack = ClusterStack([], directory, socket, {}, nursery, list(args), check_interval)
             try:
-                for node in nodes:
-                    await stack.start(node)
-                nodes_file.write_text("".join(n.url + "\n" for n in nodes))
-                port = free_port()
-                stack.config = await trio.to_thread.run_sync(
-                    render, nodes_file, port, socket, check_interval
-                )
-                (directory / "haproxy.cfg").write_text(stack.config)
+                for catalogue in catalogues:
+                    await stack.start(stack.new_node(catalogue))
+                stack.write_nodes()
+                stack.port = free_port()
+                await stack.render()
                 with (directory / "haproxy.log").open("wb") as hap_log:
-                    hap = await trio.lowlevel.open_process(
-                        [str(haproxy), "-db", "-f", str(directory / "haproxy.cfg")],
+                    stack.haproxy = await trio.lowlevel.open_process(
+                        [str(haproxy), "-W", "-db", "-f", str(directory / "haproxy.cfg")],
                         stdin=subprocess.DEVNULL,
                         stdout=hap_log,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
                     )
-                stack.url = f"http://127.0.0.1:{port}"
-                for node in nodes:
+                for node in stack.nodes:
                     await stack.wait_status(node.name, "UP")
                 yield stack
             finally:
                 with trio.CancelScope(shield=True):
-                    if hap is not None:
-                        await _stop(hap, 5)
+                    if stack.haproxy is not None:
+                        await _stop(stack.haproxy, 5, group=True)
                     async with trio.open_nursery() as stopping:
-                        for node in nodes:
+                        for node in stack.nodes:
                             if node.process is not None:
                                 stopping.start_soon(_stop, node.process.process)
                 nursery.cancel_scope.cancel()
