@@ -119,6 +119,8 @@ async def serve_router(
     """Scheduler + HTTP server; reports the bound URLs once listening."""
     async with trio.open_nursery() as nursery:
         await nursery.start(router.scheduler.run)
+        if router.cluster is not None:
+            nursery.start_soon(router.cluster.run)  # the peers' /models, kept fresh
         urls = await nursery.start(partial(serve_http, router, websocket=serve_realtime))
         router.ready = True  # upstream: ready right after binding, before startup loads
         for url in urls:

@@ -1,6 +1,11 @@
 """This node's view of the cluster: the peers' ``/models``, fetched when a request needs
 them and kept for a moment, and a pool of keep-alive connections to each peer.
 
+A request never waits for the peers but the first time: a request that finds the
+copy older than `FRESH_FOR` uses it and wakes the refresher (`Cluster.run`), so a peer
+that is slow to answer (a host gone from the network) delays no request. Nothing is
+fetched while no request needs it.
+
 Only requests that reach a node without the forward mark pay for this: those the
 balancer could not route by model (the body's ``model`` past its buffer, or not JSON)
 and ``GET /v1/models``. A node with no ``--cluster-nodes`` has no `Cluster` at all.
@@ -85,6 +90,8 @@ class Cluster:
         self._docs: dict[str, Mapping[str, Any]] = {}  # url -> its last /models
         self._fetched_at = -math.inf
         self._lock = trio.Lock()
+        self._wanted = trio.Event()  # a request found the copy stale
+        self._placement: Placement | None = None
 
     def peer(self, url: str) -> Peer:
         found = self._peers.get(url)
@@ -100,19 +107,41 @@ class Cluster:
 
     # ----- the peers' /models -------------------------------------------------------------
 
-    async def docs(self) -> dict[str, Mapping[str, Any]]:
+    async def docs(self, *, fresh: bool = False) -> dict[str, Mapping[str, Any]]:
         """Each reachable node's ``/models`` (this one's too), at most `FRESH_FOR` old;
         a node that does not answer keeps its last (so placement does not move while
         the balancer fails its models over) until it leaves the list."""
-        async with self._lock:
-            if trio.current_time() - self._fetched_at >= FRESH_FOR:
-                await self._refresh()
-            return dict(self._docs)
+        if self._fetched_at == -math.inf or (fresh and self._stale()):
+            # The first time (nothing to answer from yet), or a listing that must say
+            # where each model is loaded now: wait for the peers.
+            async with self._lock:
+                if self._stale():
+                    await self._refresh()
+        elif self._stale():
+            self._wanted.set()
+        return dict(self._docs)
+
+    def _stale(self) -> bool:
+        return trio.current_time() - self._fetched_at >= FRESH_FOR
+
+    async def run(self) -> None:
+        """The refresher: fetches the peers' ``/models`` again when a request found them
+        stale (runs beside the HTTP server)."""
+        while True:
+            await self._wanted.wait()
+            self._wanted = trio.Event()
+            async with self._lock:
+                if self._stale():
+                    await self._refresh()
 
     async def placement(self) -> Placement:
+        """Where each model goes, from the copy of the peers' lists (worked out once per
+        copy, not per request)."""
         docs = await self.docs()
-        urls = self.nodes.urls()
-        return Placement([node_facts(url, docs[url]) for url in urls if url in docs])
+        if self._placement is None:
+            urls = self.nodes.urls()
+            self._placement = Placement([node_facts(u, docs[u]) for u in urls if u in docs])
+        return self._placement
 
     async def _refresh(self) -> None:
         urls = self.nodes.urls()
@@ -131,6 +160,7 @@ class Cluster:
             for url in urls:
                 nursery.start_soon(one, url)
         self._fetched_at = trio.current_time()
+        self._placement = None
 
     async def _fetch_models(self, peer: Peer) -> Mapping[str, Any] | None:
         headers = [(b"host", peer.authority), *self._auth(), *self.mark(self.node_id)]
@@ -151,6 +181,7 @@ class Cluster:
                 log.debug("%s: GET /models failed: %s", peer.url, exc)
                 return None
         log.warning("%s: GET /models took over %g s", peer.url, FETCH_WITHIN)
+        peer.down_until = trio.current_time() + DOWN_FOR  # not forwarded to meanwhile
         return None
 
     # ----- the union ----------------------------------------------------------------------

@@ -82,7 +82,7 @@ async def cluster_models(ctx: Router, ex: Exchange, local: dict[str, Any]) -> An
         return local
     if ex.header(FORWARDED) is not None:
         return {**local, "troupe": {"node": cluster.node_id}}
-    return cluster.union(local, await cluster.docs())
+    return cluster.union(local, await cluster.docs(fresh=True))
 
 
 async def stream_elsewhere(ctx: Router, ex: Exchange) -> bool:
