@@ -8,7 +8,7 @@ is structured with cattrs so a mistake names the key's path and what was expecte
                ssl_cert_file, cors_origins, cors_methods, cors_headers, cors_credentials
     [models]   dir, preset, max, autoload, sleep_idle_seconds, memory_margin_mib
     [troupe]   engine, log_level, log_format, state_dir, max_body_mib, ws_max_message_mib,
-               queue_max, queue_timeout, load_timeout, drain_timeout
+               queue_max, queue_timeout, load_timeout, drain_timeout, cluster_nodes
     [child]    any llama-server option, forwarded to every child ("ctx-size" = 4096)
 """
 
@@ -71,7 +71,7 @@ class TroupeSection:
     drain_timeout: float | None = None
     drain_after: float | str | None = None
     cpu_placement: str | None = None
-    cluster_nodes: str | None = None
+    cluster_nodes: list[str] | str | None = None  # URLs, or the path of a file of them
 
 
 @attrs.frozen
@@ -214,6 +214,8 @@ def config_options(
                     if not Path(str(value)).is_absolute()
                     else value
                 )
+            if key == "cluster_nodes" and isinstance(value, str) and "://" not in value:
+                value = str((base / value).resolve())  # a node-list file, by the config's
             target[found[0]] = _text(value)
 
     put(cfg.server, _SERVER, engine_opts, table)
