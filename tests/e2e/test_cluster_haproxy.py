@@ -44,10 +44,12 @@ def catalogues(tmp_path: Path) -> list[Path]:
 
 @asynccontextmanager
 async def cluster(
-    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+    tmp_path: Path, catalogues: list[Path], haproxy_path: Path, maxconn: int = 8
 ) -> AsyncIterator[ClusterStack]:
     args = ["--models-max", "2", "--ctx-size", str(CTX)]
-    async with open_cluster(tmp_path / "cluster", catalogues, args, haproxy=haproxy_path) as stack:
+    async with open_cluster(
+        tmp_path / "cluster", catalogues, args, haproxy=haproxy_path, maxconn=maxconn
+    ) as stack:
         yield stack
 
 
@@ -335,3 +337,32 @@ async def test_a_fourth_node_joins_by_one_line_and_a_reload_drops_no_connection(
 
 async def _listed(http: httpx.AsyncClient, url: str) -> list[str]:
     return [m["id"] for m in (await http.get(url + "/v1/models")).json()["data"]]
+
+
+async def test_a_model_spills_to_its_next_node_only_while_its_home_is_full(
+    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+) -> None:
+    # --maxconn-per-model 1: a second request for a model while one is in flight on its
+    # home goes to the next node; once the home is free again, back to the home.
+    async with cluster(tmp_path, catalogues[:2], haproxy_path, maxconn=1) as stack:
+        home, spill = stack.order("tiny-a")
+        node, _ = await trio.to_thread.run_sync(_chat, stack.url, "tiny-a")
+        assert node == home.name
+        first = trio.Event()
+        reasons: list[str] = []
+
+        async def long_stream() -> None:
+            reasons.append(
+                await trio.to_thread.run_sync(_stream_to_end, stack.url, "tiny-a", 6000, first)
+            )
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(long_stream)
+                await first.wait()  # the home's one slot for tiny-a is taken
+                node, text = await trio.to_thread.run_sync(_chat, stack.url, "tiny-a")
+                assert (node, bool(text)) == (spill.name, True)
+        assert reasons == ["length"]
+        node, _ = await trio.to_thread.run_sync(_chat, stack.url, "tiny-a")
+        assert node == home.name
+        assert sorted(await stack.loaded_on("tiny-a")) == sorted([home.name, spill.name])

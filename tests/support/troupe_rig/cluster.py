@@ -70,6 +70,7 @@ class ClusterStack:
     nursery: trio.Nursery
     node_args: list[str]
     check_interval: str
+    maxconn: int  # each model's requests in flight on one node before the next takes more
     port: int = 0  # HAProxy's
     config: str = ""  # the rendered haproxy.cfg
     haproxy: trio.Process | None = None  # its master process (master-worker mode)
@@ -107,7 +108,7 @@ class ClusterStack:
     async def render(self) -> None:
         """``troupe cluster render`` into haproxy.cfg."""
         self.config = await trio.to_thread.run_sync(
-            render, self.nodes_file, self.port, self.socket, self.check_interval
+            render, self.nodes_file, self.port, self.socket, self.check_interval, self.maxconn
         )
         (self.directory / "haproxy.cfg").write_text(self.config)
 
@@ -205,11 +206,11 @@ async def _stop(process: trio.Process, grace: float = 20, group: bool = False) -
                 await process.wait()
 
 
-def render(nodes_file: Path, port: int, socket: Path, check_interval: str) -> str:
+def render(nodes_file: Path, port: int, socket: Path, check_interval: str, maxconn: int) -> str:
     """``troupe cluster render`` as a user runs it."""
     argv = [sys.executable, "-m", "troupe", "cluster", "render", "--nodes", str(nodes_file)]
     argv += ["--bind", f"127.0.0.1:{port}", "--check-interval", check_interval]
-    argv += ["--stats-socket", str(socket)]
+    argv += ["--stats-socket", str(socket), "--maxconn-per-model", str(maxconn)]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
     if done.returncode != 0:
         raise RuntimeError(f"troupe cluster render failed: {done.stderr}")
@@ -224,6 +225,7 @@ async def open_cluster(
     *,
     haproxy: Path = HAPROXY,
     check_interval: str = "300ms",
+    maxconn: int = 8,
 ) -> AsyncIterator[ClusterStack]:
     """A node per models directory in ``catalogues`` (each with ``args``), HAProxy in
     front; everything stopped when the block ends."""
@@ -233,7 +235,9 @@ async def open_cluster(
     socket = sockets / "api.sock"
     try:
         async with trio.open_nursery() as nursery:
-            stack = ClusterStack([], directory, socket, {}, nursery, list(args), check_interval)
+            stack = ClusterStack(
+                [], directory, socket, {}, nursery, list(args), check_interval, maxconn
+            )
             try:
                 for catalogue in catalogues:
                     await stack.start(stack.new_node(catalogue))
