@@ -216,10 +216,13 @@ async def test_a_node_killed_mid_stream_costs_only_its_requests_and_its_models_c
         victim, successor = stack.order("tiny-b")[:2]
         node, _ = await trio.to_thread.run_sync(_chat, stack.url, "tiny-b")
         assert node == victim.name
-        child = (await stack.own_models(victim))["tiny-b"]["troupe"]["pid"]
         others = [m for m in ("tiny-a", "tiny-c") if stack.order(m)[0] is not victim]
         for model in others:
             await trio.to_thread.run_sync(_chat, stack.url, model)
+        # Every child the victim runs (tiny-b's, and any other model homed there).
+        victims_models = (await stack.own_models(victim)).values()
+        children = [m["troupe"]["pid"] for m in victims_models if m["troupe"]["pid"]]
+        assert children
 
         first = trio.Event()
         outcome: list[BaseException | None] = []
@@ -257,10 +260,10 @@ async def test_a_node_killed_mid_stream_costs_only_its_requests_and_its_models_c
         assert node == successor.name
         assert successor.name in await stack.loaded_on("tiny-b")
 
-        # No orphan: the dead node's child exits (it stops at stdin EOF).
+        # No orphan: the dead node's children exit (each stops at stdin EOF).
         with trio.fail_after(30):
             # Another process's exit has no event here: its table entry is read.
-            while _alive(child):  # noqa: ASYNC110
+            while any(_alive(pid) for pid in children):  # noqa: ASYNC110
                 await trio.sleep(0.05)
         # Nothing left in flight on the nodes that lived.
         for node_ in stack.nodes:
