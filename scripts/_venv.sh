@@ -53,8 +53,8 @@ ensure_venv() {
   fi
 }
 
-# Debian packages the suite drives for real: nginx (the shipped site in front of troupe)
-# and chromium (the dashboard's browser test). Installed once, when missing; CI is a fresh
+# Debian packages the suite drives for real: nginx (the shipped site in front of troupe),
+# haproxy (the balancer in front of several troupe nodes) and chromium (the dashboard's browser test). Installed once, when missing; CI is a fresh
 # Debian machine running as root. Elsewhere, say what is missing: the tests that need it
 # then fail with the same advice (TROUPE_ALLOW_NO_NGINX=1 / TROUPE_ALLOW_NO_BROWSER=1 skip).
 ensure_debian_packages() {
@@ -62,6 +62,7 @@ ensure_debian_packages() {
   [ -x /usr/sbin/nginx ] || missing+=(nginx)
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   [ -x /usr/bin/promtool ] || missing+=(prometheus)  # its promtool checks /metrics (a test)
+  [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
   [ "${#missing[@]}" -eq 0 ] && return 0
   local run=()
   if [ "$(id -u)" -ne 0 ]; then
@@ -78,7 +79,7 @@ ensure_debian_packages() {
   fi
   echo "troupe: installing ${missing[*]} (apt-get)" >&2
   "${run[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  # RUNLEVEL=1: the package must not start an nginx of its own on port 80.
+  # RUNLEVEL=1: the packages must not start an nginx or haproxy of their own.
   "${run[@]}" env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }

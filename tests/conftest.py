@@ -62,6 +62,11 @@ def nginx_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def haproxy_path() -> Path:
+    return _debian_tool("/usr/sbin/haproxy", "haproxy", "TROUPE_ALLOW_NO_HAPROXY")
+
+
+@pytest.fixture(scope="session")
 def chromium_path() -> Path:
     return _debian_tool("/usr/bin/chromium", "chromium", "TROUPE_ALLOW_NO_BROWSER")
 

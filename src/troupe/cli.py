@@ -71,6 +71,10 @@ def _main(args: list[str]) -> int:
         from troupe.commands.importer import run_import  # noqa: PLC0415
 
         return run_import(rest)
+    if command == "cluster":
+        from troupe.commands.cluster import run_cluster  # noqa: PLC0415
+
+        return run_cluster(rest)
     raise UsageError(f"unknown command '{command}' (try: troupe --help)")
 
 

@@ -19,6 +19,7 @@ commands:
   doctor     show devices, the engine troupe picked and why, and what fits
   pull       download org/repo[:TAG] from Hugging Face into the HF cache (resumable)
   import     copy or link a local GGUF (and its mmproj) into a --models-dir
+  cluster    render an HAProxy configuration for several troupe nodes (troupe cluster --help)
 
 options:
   -h, --help     show this help (and `troupe serve --help` for every flag)
@@ -114,6 +115,10 @@ troupe's own:
                             --swa-full (default: on; off: as llama.cpp's router)
   --kv-store-mib N          disk the KV store may use; least recently used entries
                             go first (default: 4096)
+  --cluster-nodes URLS|FILE every node behind one balancer, this one included:
+                            comma-separated http://HOST:PORT, or a file of them (one a
+                            line, read again when it changes); a request for a model
+                            another node serves is forwarded there once (default: none)
   --models-memory-margin MIB
                             keep this much free on every device (default: 1024; off)
   --max-body-mib N, --ws-max-message-mib N

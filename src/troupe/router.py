@@ -23,6 +23,7 @@ from troupe.actors.scheduler import Scheduler
 from troupe.catalog import Catalog, ModelEntry, build_catalog, check_startup
 from troupe.catalog.facts import FactsCache
 from troupe.child.ledger import PidLedger, default_state_dir
+from troupe.cluster import Cluster, NodeList
 from troupe.conversations import ConversationTracker
 from troupe.download.router import RouterDownloads
 from troupe.engine import Engine
@@ -81,6 +82,7 @@ class Router:
     fake_timing: bool = False
     requests: RequestLog = attrs.field(factory=RequestLog)  # recent requests, access log
     history: History = attrs.field(factory=History)  # the dashboard's recent samples
+    cluster: Cluster | None = None  # --cluster-nodes: the peers, and where models go
     # The servers' side of the lifecycle: ready once listening; `http_stop` asks the
     # HTTP server to drain, `http_done` says it has; `http_server` is the drain's handle.
     ready: bool = False
@@ -221,6 +223,15 @@ def _kv_service(
     kv = KvService(store, KvMetrics(metrics.registry))
     kv.forget_models(e.name for e in catalog)
     return kv
+        cluster=_cluster(settings),
+    )
+
+
+def _cluster(settings: RouterSettings) -> Cluster | None:
+    if not settings.cluster_nodes:
+        return None  # one node: no peers, nothing on the request path
+    key = settings.api_keys[0] if settings.api_keys else None
+    return Cluster(NodeList(settings.cluster_nodes), api_key=key, read_timeout=settings.timeout)
 
 
 def _no_mmproj(settings: RouterSettings) -> bool:

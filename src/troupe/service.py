@@ -127,6 +127,8 @@ async def serve_router(
         )
         nursery.start_soon(router.requests.write_lines)  # the access log (--access-log on)
         nursery.start_soon(router.history.run, router.scheduler, router.metrics)
+        if router.cluster is not None:
+            nursery.start_soon(router.cluster.run)  # the peers' /models, kept fresh
         urls = await nursery.start(partial(serve_http, router, websocket=serve_realtime))
         router.ready = True  # upstream: ready right after binding, before startup loads
         for url in urls:
@@ -179,6 +181,8 @@ async def _stop_http(router: Router) -> None:
     await router.http_done.wait()
     with trio.CancelScope(shield=True):
         await router.relay.aclose()
+        if router.cluster is not None:
+            await router.cluster.aclose()
 
 
 def _max_stop_seconds(router: Router) -> float:

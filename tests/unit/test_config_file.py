@@ -98,3 +98,17 @@ def test_mistakes_name_the_key(
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_cluster_nodes_from_the_file_or_the_command_line(
+    table: OptionTable, tmp_path: Path
+) -> None:
+    listed = write(tmp_path, '[troupe]\ncluster_nodes = ["http://a:8080", "b:8080"]\n')
+    opts, own = config_options(load_config(listed), table, tmp_path)
+    assert build_settings(table, {}, {}, {}, opts, own).cluster_nodes == "http://a:8080,b:8080"
+    (tmp_path / "nodes.txt").write_text("http://a:8080\n")
+    in_file = write(tmp_path, '[troupe]\ncluster_nodes = "nodes.txt"\n')
+    opts, own = config_options(load_config(in_file), table, tmp_path)
+    s = build_settings(table, {}, {}, {}, opts, own)
+    assert s.cluster_nodes == str(tmp_path / "nodes.txt")  # by the config file's directory
+    assert build_settings(table, {}, {}, {}).cluster_nodes == ""  # one node: no cluster

@@ -15,6 +15,7 @@ from troupe.actors.scheduler import ModelUnavailable
 from troupe.api import dumps
 from troupe.catalog.hfcache import split_repo_tag
 from troupe.errors import ConfigError
+from troupe.http.cluster_forward import cluster_models
 from troupe.http.models_json import models_list, settled_downloads
 from troupe.http.respond import local_body, send_error, send_failure, send_json, send_stream
 from troupe.http.server.exchange import Exchange
@@ -89,7 +90,10 @@ async def models(router: Router, ex: Exchange) -> None:
             await send_failure(ex, exc.failure)
             return
     await settled_downloads(router)
-    await send_json(ex, models_list(router, int(time.time())))
+    doc = models_list(router, int(time.time()))
+    if router.cluster is not None:
+        doc = await cluster_models(router, ex, doc)  # every node's (--cluster-nodes)
+    await send_json(ex, doc)
 
 
 async def load(router: Router, ex: Exchange) -> None:

@@ -12,6 +12,7 @@ from troupe.actors.scheduler import ModelUnavailable
 from troupe.catalog import ModelEntry
 from troupe.http import access
 from troupe.http.body_model import BadBody, model_from_body
+from troupe.http.cluster_forward import forward_elsewhere, stream_elsewhere
 from troupe.http.errors import error_body
 from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
@@ -215,6 +216,8 @@ async def handle_proxy_post(ctx: Router, ex: Exchange) -> None:
     except BadBody as exc:
         await ex.respond(400, error_body(str(exc), "invalid_request_error"))
         return
+    if ctx.cluster is not None and await forward_elsewhere(ctx, ex, name):
+        return  # another node's model: served there (--cluster-nodes)
     conv_id = ex.header(b"x-conversation-id") or ""
     await _serve(ctx, ex, name, update_last_used=True, conv_id=conv_id)
 
@@ -236,6 +239,8 @@ async def handle_stream_get(ctx: Router, ex: Exchange) -> None:
         )
         return
     model = ctx.conversations.lookup(conv_id)
+    if model is None and ctx.cluster is not None and await stream_elsewhere(ctx, ex):
+        return  # another node holds it (--cluster-nodes)
     path = f"/v1/stream?conv_id={quote(conv_id, safe='')}"
     if params.get("from"):
         path += f"&from={quote(params['from'], safe='')}"

@@ -13,6 +13,7 @@ from urllib.parse import quote
 import trio
 
 from troupe.api import JSON_TYPE, dumps
+from troupe.http.cluster_forward import ask_every_peer
 from troupe.http.respond import local_body, send_error
 from troupe.http.server.exchange import Exchange
 from troupe.router import Router
@@ -61,7 +62,21 @@ async def streams_lookup(router: Router, ex: Exchange) -> None:
     async with trio.open_nursery() as nursery:
         for model, group in sorted(per_model.items()):
             nursery.start_soon(_lookup_in, router, model, group, found)
+    if router.cluster is not None:  # the other nodes' conversations (--cluster-nodes)
+        found += _peer_items(await ask_every_peer(router, ex, LOOKUP_TIMEOUT * 2))
     await ex.respond(200, dumps(found), JSON_TYPE)
+
+
+def _peer_items(answers: list[bytes]) -> list[Any]:
+    items: list[Any] = []
+    for raw in answers:
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(value, list):
+            items += [item for item in value if isinstance(item, dict)]
+    return items
 
 
 async def stream_delete(router: Router, ex: Exchange) -> None:
@@ -77,4 +92,6 @@ async def stream_delete(router: Router, ex: Exchange) -> None:
                 target = f"/v1/stream?conv_id={quote(conv_id, safe='')}"
                 with trio.move_on_after(LOOKUP_TIMEOUT):
                     await router.relay.fetch(_SCOPE, grant, "DELETE", target, b"")
+    elif router.cluster is not None:  # held by another node, if any (--cluster-nodes)
+        await ask_every_peer(router, ex, LOOKUP_TIMEOUT * 2)
     await ex.respond(204, b"", "application/json")

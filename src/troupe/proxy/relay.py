@@ -298,6 +298,18 @@ class Relay:
                 report.bytes_out = relayed
             self._observe(client, status, len(body), relayed)
 
+    async def answer(self, client: Client, upstream: UpstreamResponse, sent: int) -> None:
+        """Stream an answer already under way (``upstream``, from a pool of the caller's:
+        a peer node's) to ``client``, as `relay` does; ``sent``: request body bytes."""
+        relayed = 0
+        try:
+            try:
+                relayed = await self._stream(client, upstream, None)
+            finally:
+                upstream.close()
+        finally:
+            self._observe(client, upstream.status_code, sent, relayed)
+
     async def _stream(
         self,
         client: Client,

@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_LIMIT",
     "Child",
     "ChildRef",
+    "Unreachable",
     "UpstreamError",
     "UpstreamPool",
     "UpstreamResponse",
@@ -65,6 +66,10 @@ class Child(Protocol):
 
     @property
     def port(self) -> int: ...
+
+
+class Unreachable(UpstreamError):
+    """No connection could be made: nothing of the request left (safe to send elsewhere)."""
 
 
 @attrs.frozen
@@ -211,11 +216,11 @@ class UpstreamPool:
                 await sock.connect((self.host, port))
         except trio.TooSlowError:
             sock.close()
-            raise UpstreamError("Connection timeout") from None
+            raise Unreachable("Connection timeout") from None
         except OSError as exc:
             sock.close()
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise UpstreamError(f"Could not establish connection ({reason})") from None
+            raise Unreachable(f"Could not establish connection ({reason})") from None
         except BaseException:
             sock.close()
             raise

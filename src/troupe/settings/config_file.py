@@ -10,6 +10,7 @@ is structured with cattrs so a mistake names the key's path and what was expecte
     [troupe]   engine, log_level, log_format, state_dir, max_body_mib, ws_max_message_mib,
                queue_max, queue_timeout, load_timeout, drain_timeout, drain_after,
                cpu_placement, kv_store, kv_store_mib
+               queue_max, queue_timeout, load_timeout, drain_timeout, cluster_nodes
     [child]    any llama-server option, forwarded to every child ("ctx-size" = 4096)
 """
 
@@ -80,6 +81,7 @@ class TroupeSection:
     ws_idle_timeout: float | None = None
     kv_store: str | None = None
     kv_store_mib: int | None = None
+    cluster_nodes: list[str] | str | None = None  # URLs, or the path of a file of them
 
 
 @attrs.frozen
@@ -134,6 +136,7 @@ _TROUPE = {
     "ws_idle_timeout": "--ws-idle-timeout",
     "kv_store": "--kv-store",
     "kv_store_mib": "--kv-store-mib",
+    "cluster_nodes": "--cluster-nodes",
 }
 
 
@@ -229,6 +232,8 @@ def config_options(
                     if not Path(str(value)).is_absolute()
                     else value
                 )
+            if key == "cluster_nodes" and isinstance(value, str) and "://" not in value:
+                value = str((base / value).resolve())  # a node-list file, by the config's
             target[found[0]] = _text(value)
 
     put(cfg.server, _SERVER, engine_opts, table)

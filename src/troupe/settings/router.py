@@ -91,6 +91,7 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--ws-idle-timeout", hint="SECONDS", env="TROUPE_WS_IDLE_TIMEOUT"),
     _opt("--kv-store", hint="on|off", env="TROUPE_KV_STORE"),
     _opt("--kv-store-mib", hint="N", env="TROUPE_KV_STORE_MIB"),
+    _opt("--cluster-nodes", hint="URLS|FILE", env="TROUPE_CLUSTER_NODES"),
 )
 
 
@@ -146,6 +147,9 @@ class RouterSettings:
     # returns (troupe.kvstore), at most kv_store_bytes on disk; "off": as llama.cpp.
     kv_store: str = "on"
     kv_store_bytes: int = 4096 << 20
+    # Every node of a cluster behind one balancer (comma-separated URLs, or a file of
+    # them, this node included); "": a single node (troupe.cluster).
+    cluster_nodes: str = ""
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20
     # Host names a loopback listener answers beside loopback ones (DNS rebinding);
@@ -439,5 +443,6 @@ def build_settings(
         body_timeout=_seconds("--body-timeout", own.text("--body-timeout", "300")),
         max_connections=_positive_int("--max-connections", own.integer("--max-connections", 1024)),
         ws_idle_timeout=_seconds("--ws-idle-timeout", own.text("--ws-idle-timeout", "300")),
+        cluster_nodes=own.text("--cluster-nodes", "").strip(),
         base_args=tuple({**(config or {}), **cli}.items()),
     )

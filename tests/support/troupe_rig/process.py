@@ -39,11 +39,16 @@ class TroupeProcess:
 
 
 async def start_troupe(
-    args: Sequence[str], *, state_dir: Path, cwd: Path | None = None, within: float = 60
+    args: Sequence[str],
+    *,
+    state_dir: Path,
+    cwd: Path | None = None,
+    within: float = 60,
+    port: int = 0,
 ) -> TroupeProcess:
-    """``python -m troupe serve ARGS --port 0``, once it listens."""
+    """``python -m troupe serve ARGS --port PORT`` (0: any free one), once it listens."""
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "troupe", "serve", *args, "--port", "0"],
+        [sys.executable, "-m", "troupe", "serve", *args, "--port", str(port)],
         stderr=subprocess.PIPE,
         env={**os.environ, "TROUPE_STATE_DIR": str(state_dir)},
         cwd=cwd,

@@ -25,6 +25,10 @@
 
   class NeedKey extends Error {}
 
+  // In a cluster (--cluster-nodes) /models lists every node's models; the dashboard is
+  // this node's, so it asks for this node's own list.
+  const OWN_MODELS = { headers: { "x-troupe-forwarded": "dashboard" } };
+
   // ----- HTTP ------------------------------------------------------------------------
 
   async function api(path, options = {}) {
@@ -227,7 +231,7 @@
 
   async function refresh() {
     try {
-      const resp = await api("/models");
+      const resp = await api("/models", OWN_MODELS);
       if (!resp.ok) throw new Error("/models: " + (await errorText(resp)));
       renderModels((await resp.json()).data);
       showError("");
@@ -469,7 +473,7 @@
     const signal = controller.signal;
     setConnection("connecting");
     try {
-      const resp = await api("/models");
+      const resp = await api("/models", OWN_MODELS);
       if (!resp.ok) throw new Error("/models: " + (await errorText(resp)));
       renderModels((await resp.json()).data);
     } catch (err) {

@@ -1,0 +1,147 @@
+"""HAProxy's configuration for a cluster: pure text from the nodes' placement.
+
+The balancer routes by the model the request names: the body's ``model`` (it reads up
+to ``tune.bufsize`` of it, ``option http-buffer-request``) or the ``?model=`` query
+(GET routes, the ``/v1/realtime`` WebSocket). Each model has a backend of its own whose
+servers are the nodes that can hold it, in the model's placement order, with ``balance
+first``: the home node takes every request while it has fewer than ``maxconn`` of that
+model's requests in flight, the next node takes the overflow (bounded load), and a node
+that fails its health check is skipped until it passes again (its models come back to
+it). A request whose model the balancer cannot read (past the buffer, not JSON) goes to
+any node (``troupe_any``), which forwards it once to the model's node; the balancer
+marks every request it routed by model, so a node serves those where they land.
+
+Only a connection that never opened is retried on another node (``retry-on
+conn-failure``): a request that reached a node may have started generating. Timeouts
+leave an SSE stream or a WebSocket session an hour of silence (a long prefill sends
+nothing for a while).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from urllib.parse import urlsplit
+
+import attrs
+
+from troupe.cluster.placement import Placement
+
+__all__ = ["RenderOptions", "backend_name", "render_haproxy", "server_names"]
+
+_IDENT = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+@attrs.frozen
+class RenderOptions:
+    bind: str = "*:8080"
+    check_interval: str = "2s"
+    maxconn_per_model: int = 8  # a model's requests in flight on one node before it spills
+    stats_socket: str | None = None  # the runtime API (show servers state, set server ...)
+
+
+def server_names(urls: Sequence[str]) -> dict[str, str]:
+    """Node URL -> its server name (n1, n2, ... in list order)."""
+    return {url: f"n{i}" for i, url in enumerate(urls, 1)}
+
+
+def backend_name(index: int, model: str) -> str:
+    return f"m{index}_{_IDENT.sub('_', model)}"[:100]
+
+
+def _quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _address(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 80}"
+
+
+def render_haproxy(
+    urls: Sequence[str], placement: Placement, options: RenderOptions, header: str = ""
+) -> str:
+    """The whole ``haproxy.cfg`` for the nodes ``urls`` (every node, those that did not
+    answer included: they get health-checked and join the model backends once a render
+    reads their catalogue)."""
+    names = server_names(urls)
+    orders = placement.models()
+    aliases: dict[str, list[str]] = {m: [] for m in orders}
+    for name, model in sorted(placement.names().items()):
+        if model in aliases and name != model:
+            aliases[model].append(name)
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    lines += [
+        "global",
+        "    maxconn 4096",
+        "    # tune.bufsize stays at its default (16384): a request whose model lies past",
+        "    # it goes to any node, which forwards it once to the model's node.",
+    ]
+    if options.stats_socket:
+        lines.append(f"    stats socket {options.stats_socket} mode 600 level admin")
+    lines += [
+        "",
+        "defaults",
+        "    mode http",
+        "    option http-buffer-request",
+        "    option httpchk GET /health",
+        "    http-check expect status 200",
+        "    option redispatch 1",
+        "    retries 2",
+        "    retry-on conn-failure",
+        "    timeout connect 3s",
+        "    timeout client 1h",
+        "    timeout server 1h",
+        "    timeout tunnel 1h",
+        "    timeout http-request 60s",
+        "    timeout http-keep-alive 60s",
+        "    timeout queue 60s",
+        "    timeout client-fin 5s",
+        "    timeout server-fin 5s",
+        f"    default-server inter {options.check_interval} fall 2 rise 1",
+        "",
+        "frontend troupe",
+        f"    bind {options.bind}",
+        "    http-request del-header x-troupe-forwarded",
+        "    http-request set-var(txn.model) req.body,json_query('$.model') if METH_POST",
+        "    http-request set-var(txn.model) url_param(model) if !{ var(txn.model) -m found }",
+    ]
+    backends: list[tuple[str, str, list[str]]] = []
+    for index, (model, order) in enumerate(sorted(orders.items()), 1):
+        backend = backend_name(index, model)
+        backends.append((backend, model, order))
+        patterns = " ".join(_quoted(n) for n in [model, *aliases[model]])
+        lines.append(f"    use_backend {backend} if {{ var(txn.model) -m str {patterns} }}")
+    lines += [
+        "    default_backend troupe_any",
+        "",
+        "backend troupe_any",
+        "    balance leastconn",
+        "    http-response set-header X-Troupe-Node %[srv_name]",
+    ]
+    lines += [f"    server {names[u]} {_address(u)} check" for u in urls]
+    for backend, model, order in backends:
+        lines += [
+            "",
+            f"backend {backend}  # {model}",
+            "    balance first",
+            "    http-request set-header x-troupe-forwarded balancer",
+            "    http-response set-header X-Troupe-Node %[srv_name]",
+        ]
+        for rank, url in enumerate(order, 1):
+            server = names.get(url)
+            if server is None:
+                continue  # a node that left the list
+            lines.append(
+                f"    server {server} {_address(url)} id {rank} "
+                f"maxconn {options.maxconn_per_model} track troupe_any/{server}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def placement_table(placement: Placement, names: Mapping[str, str]) -> list[str]:
+    """One line per model: its nodes in order (for ``--explain``)."""
+    return [
+        f"{model}: {' '.join(names.get(u, u) for u in order)}"
+        for model, order in sorted(placement.models().items())
+    ]

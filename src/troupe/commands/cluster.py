@@ -1,0 +1,117 @@
+"""``troupe cluster render``: the balancer's configuration, from each node's ``/models``.
+
+    troupe cluster render --node http://10.0.0.1:8080 --node http://10.0.0.2:8080 > haproxy.cfg
+    troupe cluster render --nodes nodes.txt --bind :80 --check-interval 1s
+
+Each node is asked for its own list (with the forward mark, so a node with
+``--cluster-nodes`` does not answer for the whole cluster); a node that does not answer
+is still written as a server (health-checked, in ``troupe_any``) and gets its models once
+a later render reads its catalogue. ``--explain`` prints each model's nodes, in order, to
+stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from troupe.cluster.nodes import parse_urls
+from troupe.cluster.placement import Placement, node_facts
+from troupe.cluster.render import RenderOptions, placement_table, render_haproxy, server_names
+from troupe.cluster.view import FORWARDED
+from troupe.errors import UsageError
+
+__all__ = ["fetch_models", "run_cluster"]
+
+USAGE = (
+    "usage: troupe cluster render (--node URL ... | --nodes FILE) [--bind ADDR:PORT]\n"
+    "       [--check-interval TIME] [--maxconn-per-model N] [--stats-socket PATH]\n"
+    "       [--api-key KEY] [--explain]"
+)
+
+
+def fetch_models(url: str, api_key: str | None, timeout: float = 5.0) -> Mapping[str, Any] | None:
+    """A node's own ``GET /models``, or None (and a line on stderr) when it cannot answer."""
+    headers = {FORWARDED.decode(): "render"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url + "/models", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            doc = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        print(f"troupe: warning: {url} did not answer GET /models: {reason}", file=sys.stderr)
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _parse(args: list[str]) -> tuple[list[str], RenderOptions, str | None, bool]:
+    urls: list[str] = []
+    bind, interval, maxconn, socket, key, explain = "*:8080", "2s", 8, None, None, False
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        if flag == "--explain":
+            explain, i = True, i + 1
+            continue
+        if i + 1 >= len(args):
+            raise UsageError(f"flag '{flag}' needs a value\n{USAGE}")
+        value = args[i + 1]
+        i += 2
+        if flag == "--node":
+            urls += parse_urls(value)
+        elif flag == "--nodes":
+            try:
+                urls += parse_urls(Path(value).read_text(encoding="utf-8"), None)
+            except OSError as exc:
+                raise UsageError(f"cannot read --nodes '{value}': {exc.strerror}") from None
+        elif flag == "--bind":
+            bind = value
+        elif flag == "--check-interval":
+            interval = value
+        elif flag == "--maxconn-per-model":
+            try:
+                maxconn = int(value)
+            except ValueError:
+                maxconn = 0
+            if maxconn < 1:
+                raise UsageError(f"invalid value for --maxconn-per-model: '{value}'")
+        elif flag == "--stats-socket":
+            socket = value
+        elif flag == "--api-key":
+            key = value
+        else:
+            raise UsageError(f"unknown flag '{flag}'\n{USAGE}")
+    if not urls:
+        raise UsageError(f"no node given\n{USAGE}")
+    unique = list(dict.fromkeys(urls))
+    return unique, RenderOptions(bind, interval, maxconn, socket), key, explain
+
+
+def run_cluster(args: list[str]) -> int:
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    if args[0] != "render":
+        raise UsageError(f"unknown cluster command '{args[0]}'\n{USAGE}")
+    urls, options, key, explain = _parse(args[1:])
+    docs = {url: fetch_models(url, key) for url in urls}
+    placement = Placement([node_facts(u, d) for u, d in docs.items() if d is not None])
+    if not placement.nodes:
+        raise UsageError("no node answered GET /models")
+    # No timestamp: the same nodes and catalogues give the same bytes (cmp tells a change).
+    header = "Written by `troupe cluster render` from:\n" + "\n".join(
+        f"  {server_names(urls)[u]} {u}" + ("" if docs[u] is not None else " (did not answer)")
+        for u in urls
+    )
+    sys.stdout.write(render_haproxy(urls, placement, options, header))
+    if explain:
+        for line in placement_table(placement, server_names(urls)):
+            print(line, file=sys.stderr)
+    return 0

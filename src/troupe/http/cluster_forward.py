@@ -1,0 +1,139 @@
+"""The cluster at the edge: a request that reached a node it should not be served on is
+forwarded, once, to the model's node; ``GET /v1/models`` answers for every node.
+
+Only requests without the forward mark are looked at (`troupe.cluster.FORWARDED`): the
+balancer marks each request it routed by model, and a node marks each it forwards, so
+a request is forwarded at most once and one the balancer placed (its home node, or the
+next one under load or in a failover) is served where it landed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from troupe.cluster import FORWARDED, Cluster
+from troupe.cluster.view import Peer
+from troupe.http.errors import error_body
+from troupe.http.server.exchange import Exchange
+from troupe.proxy.relay import ChildLost, request_headers
+from troupe.proxy.upstream import Unreachable, UpstreamError, UpstreamResponse, render_request
+from troupe.router import Router
+
+__all__ = ["ask_every_peer", "cluster_models", "forward_elsewhere", "stream_elsewhere"]
+
+log = logging.getLogger("troupe.cluster")
+
+
+def _wire(ex: Exchange, peer: Peer, cluster: Cluster) -> bytes:
+    headers = request_headers(ex.headers, peer.port)
+    headers[0] = (b"host", peer.authority)
+    headers += cluster.mark(cluster.node_id)
+    return render_request(ex.method, ex.target.decode("latin-1"), headers, ex.body)
+
+
+async def forward_elsewhere(ctx: Router, ex: Exchange, name: str) -> bool:
+    """True when the request for model ``name`` went to another node (and its answer to
+    the client); False when it is to be served here. A node that refuses the connection
+    is skipped (nothing of the request reached it) for the next in the model's order."""
+    cluster = ctx.cluster
+    if cluster is None or ex.header(FORWARDED) is not None:
+        return False
+    order = (await cluster.placement()).order(name)
+    for url in order:
+        if url == cluster.self_url:
+            return False
+        peer = cluster.peer(url)
+        if peer.down:
+            continue
+        try:
+            upstream = await peer.send(_wire(ex, peer, cluster))
+        except Unreachable as exc:
+            log.warning("node %s unreachable for %s: %s", url, name, exc)
+            continue
+        except UpstreamError as exc:
+            # Some of it may have reached that node: never sent a second time.
+            message = f"the node serving model {name} ({url}) failed: {exc}"
+            await ex.respond(500, error_body(message, "server_error"))
+            return True
+        await _relay_answer(ctx, ex, upstream)
+        return True
+    return False
+
+
+async def _relay_answer(ctx: Router, ex: Exchange, upstream: UpstreamResponse) -> None:
+    async def relay() -> None:
+        try:
+            await ctx.relay.answer(ex, upstream, len(ex.body))
+        except ChildLost:
+            ex.keep_alive = False  # the answer is cut short: it must look cut
+
+    # A client that goes away closes the connection to the peer: it stops generating.
+    await ex.until_client_leaves(relay)
+
+
+async def cluster_models(ctx: Router, ex: Exchange, local: dict[str, Any]) -> Any:
+    """``GET /models``: a peer asking (the forward mark) gets this node's own list and
+    id; a client gets the union of every node's."""
+    cluster = ctx.cluster
+    if cluster is None:
+        return local
+    if ex.header(FORWARDED) is not None:
+        return {**local, "troupe": {"node": cluster.node_id}}
+    return cluster.union(local, await cluster.docs(fresh=True))
+
+
+async def stream_elsewhere(ctx: Router, ex: Exchange) -> bool:
+    """``GET /v1/stream?conv_id=`` for a conversation this node does not hold: asked of
+    each other node in turn (a GET changes nothing); the first that does not answer
+    404 is relayed. False when none holds it."""
+    cluster = ctx.cluster
+    if cluster is None or ex.header(FORWARDED) is not None:
+        return False
+    await cluster.docs()  # learns which URL is this node
+    for url in cluster.nodes.urls():
+        peer = cluster.peer(url)
+        if url == cluster.self_url or peer.down:
+            continue
+        try:
+            upstream = await peer.send(_wire(ex, peer, cluster))
+        except UpstreamError as exc:
+            log.warning("node %s: %s %s failed: %s", url, ex.method, ex.path, exc)
+            continue
+        if upstream.status_code == 404:
+            upstream.close()
+            continue
+        await _relay_answer(ctx, ex, upstream)
+        return True
+    return False
+
+
+async def ask_every_peer(ctx: Router, ex: Exchange, within: float) -> list[bytes]:
+    """The request, with the forward mark, to every other node at once; the bodies of
+    the 200 answers that came within ``within`` seconds (stream lookups and deletes)."""
+    cluster = ctx.cluster
+    if cluster is None or ex.header(FORWARDED) is not None:
+        return []
+    await cluster.docs()
+    answers: list[bytes] = []
+
+    async def one(peer: Peer) -> None:
+        with trio.move_on_after(within):
+            try:
+                upstream = await peer.send(_wire(ex, peer, cluster))
+                try:
+                    body = b"".join([chunk async for chunk in upstream.chunks()])
+                finally:
+                    upstream.close()
+            except UpstreamError:
+                return
+            if upstream.status_code == 200:
+                answers.append(body)
+
+    async with trio.open_nursery() as nursery:
+        for url in cluster.nodes.urls():
+            if url != cluster.self_url and not cluster.peer(url).down:
+                nursery.start_soon(one, cluster.peer(url))
+    return answers

@@ -1,0 +1,270 @@
+"""Several ``troupe serve`` nodes on loopback behind real HAProxy (Debian's), configured
+by ``troupe cluster render`` exactly as a user would.
+
+Each node is its own process with its own free port and state directory; they all read
+one node-list file (``--cluster-nodes FILE``), written once every node listens (their
+ports are only known then). HAProxy's configuration is rendered from the nodes' own
+``/models`` by the real command; its runtime API (a stats socket) says what its health
+checks see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from troupe.cluster import NodeFacts, Placement
+from troupe_rig.engine_process import free_port
+from troupe_rig.process import TroupeProcess, start_troupe
+
+__all__ = ["HAPROXY", "ClusterStack", "Node", "haproxy_command", "open_cluster"]
+
+HAPROXY = Path("/usr/sbin/haproxy")
+
+
+@attrs.define(eq=False)
+class Node:
+    name: str  # its server name in HAProxy's configuration (n1, n2, ...)
+    args: list[str]
+    state_dir: Path
+    port: int = 0
+    process: TroupeProcess | None = None
+    killed: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+async def haproxy_command(socket: Path, command: str) -> str:
+    """One command on HAProxy's runtime API, its whole answer."""
+    stream = await trio.open_unix_socket(str(socket))
+    async with stream:
+        await stream.send_all(command.encode() + b"\n")
+        out = b""
+        while chunk := await stream.receive_some(65536):
+            out += chunk
+    return out.decode()
+
+
+@attrs.define(eq=False)
+class ClusterStack:
+    nodes: list[Node]
+    directory: Path
+    socket: Path  # HAProxy's runtime API
+    models: dict[str, list[str]]  # model -> the node names whose catalogue has it
+    nursery: trio.Nursery
+    node_args: list[str]
+    check_interval: str
+    maxconn: int  # each model's requests in flight on one node before the next takes more
+    port: int = 0  # HAProxy's
+    config: str = ""  # the rendered haproxy.cfg
+    haproxy: trio.Process | None = None  # its master process (master-worker mode)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def nodes_file(self) -> Path:
+        return self.directory / "nodes.txt"
+
+    def new_node(self, catalogue: Path) -> Node:
+        """A node (not started) with ``catalogue`` as its models directory."""
+        node = Node(
+            f"n{len(self.nodes) + 1}",
+            [
+                "--models-dir",
+                str(catalogue),
+                "--cluster-nodes",
+                str(self.nodes_file),
+                *self.node_args,
+            ],
+            self.directory / f"state{len(self.nodes) + 1}",
+        )
+        self.nodes.append(node)
+        for path in sorted(catalogue.glob("*.gguf")):
+            self.models.setdefault(path.stem, []).append(node.name)
+        return node
+
+    def write_nodes(self) -> None:
+        """The node list every node reads: one line per node."""
+        self.nodes_file.write_text("".join(n.url + "\n" for n in self.nodes))
+
+    async def render(self) -> None:
+        """``troupe cluster render`` into haproxy.cfg."""
+        self.config = await trio.to_thread.run_sync(
+            render, self.nodes_file, self.port, self.socket, self.check_interval, self.maxconn
+        )
+        (self.directory / "haproxy.cfg").write_text(self.config)
+
+    async def reload(self) -> None:
+        """A graceful reload: the master starts new workers on the new configuration;
+        the old ones finish the connections they have."""
+        assert self.haproxy is not None
+        await self.render()
+        self.haproxy.send_signal(signal.SIGUSR2)
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def order(self, model: str) -> list[Node]:
+        """The nodes for ``model``, home first: troupe's placement, over the catalogues
+        this rig gave the nodes."""
+        facts = []
+        for node in self.nodes:
+            held = frozenset(m for m, on in self.models.items() if node.name in on)
+            facts.append(NodeFacts(node.url, held, {m: m for m in held}))
+        by_url = {n.url: n for n in self.nodes}
+        return [by_url[u] for u in Placement(facts).order(model)]
+
+    async def own_models(self, node: Node) -> dict[str, dict[str, Any]]:
+        """The node's own ``/models`` (the forward mark: not the cluster's union)."""
+        async with httpx.AsyncClient(timeout=10) as http:
+            resp = await http.get(node.url + "/models", headers={"x-troupe-forwarded": "test"})
+        return {m["id"]: m for m in resp.json()["data"]}
+
+    async def loaded_on(self, model: str) -> list[str]:
+        """The live nodes with ``model`` loaded."""
+        out = []
+        for node in self.nodes:
+            if not node.killed and node.process is not None:
+                models = await self.own_models(node)
+                if models.get(model, {}).get("status", {}).get("value") == "loaded":
+                    out.append(node.name)
+        return out
+
+    async def server_status(self, name: str) -> str:
+        """HAProxy's health-check view of node ``name`` (UP, DOWN, ...)."""
+        text = await haproxy_command(self.socket, "show stat")
+        rows = csv.DictReader(io.StringIO(text.removeprefix("# ")))
+        for row in rows:
+            if row.get("pxname") == "troupe_any" and row.get("svname") == name:
+                return row.get("status", "")
+        return ""  # not in this configuration (yet: a reload is under way)
+
+    async def wait_status(self, name: str, prefix: str, within: float = 30) -> None:
+        # HAProxy has no event to wait on; its runtime API is asked until it agrees.
+        with trio.fail_after(within):
+            while True:
+                try:
+                    if (await self.server_status(name)).startswith(prefix):
+                        return
+                except OSError:
+                    pass  # its socket is not there yet
+                await trio.sleep(0.05)
+
+    async def kill(self, node: Node) -> None:
+        assert node.process is not None
+        node.process.process.kill()  # SIGKILL: no drain, no stop ladder
+        node.killed = True
+        await node.process.process.wait()
+
+    async def start(self, node: Node) -> None:
+        """Start (or start again, on its old port) the node."""
+        node.process = await start_troupe(node.args, state_dir=node.state_dir, port=node.port)
+        node.port = int(node.process.url.rsplit(":", 1)[1])
+        node.killed = False
+        self.nursery.start_soon(_drain, node.process)
+
+
+async def _drain(process: TroupeProcess) -> None:
+    """Its stderr read to the end (it never blocks on a full pipe), then closed."""
+    await process.drain_log()
+    assert process.process.stderr is not None
+    await process.process.stderr.aclose()
+
+
+async def _stop(process: trio.Process, grace: float = 20, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL (to its process group: HAProxy's workers too)."""
+    with trio.CancelScope(shield=True):
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            with trio.move_on_after(grace):
+                await process.wait()
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    if group:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    else:
+                        process.kill()
+                await process.wait()
+
+
+def render(nodes_file: Path, port: int, socket: Path, check_interval: str, maxconn: int) -> str:
+    """``troupe cluster render`` as a user runs it."""
+    argv = [sys.executable, "-m", "troupe", "cluster", "render", "--nodes", str(nodes_file)]
+    argv += ["--bind", f"127.0.0.1:{port}", "--check-interval", check_interval]
+    argv += ["--stats-socket", str(socket), "--maxconn-per-model", str(maxconn)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"troupe cluster render failed: {done.stderr}")
+    return done.stdout
+
+
+@contextlib.asynccontextmanager
+async def open_cluster(
+    directory: Path,
+    catalogues: Sequence[Path],
+    args: Sequence[str] = (),
+    *,
+    haproxy: Path = HAPROXY,
+    check_interval: str = "300ms",
+    maxconn: int = 8,
+) -> AsyncIterator[ClusterStack]:
+    """A node per models directory in ``catalogues`` (each with ``args``), HAProxy in
+    front; everything stopped when the block ends."""
+    directory.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (before anything runs)
+    (directory / "nodes.txt").write_text("")
+    sockets = Path(tempfile.mkdtemp(prefix="hap", dir="/tmp"))  # a unix path is short
+    socket = sockets / "api.sock"
+    try:
+        async with trio.open_nursery() as nursery:
+            stack = ClusterStack(
+                [], directory, socket, {}, nursery, list(args), check_interval, maxconn
+            )
+            try:
+                for catalogue in catalogues:
+                    await stack.start(stack.new_node(catalogue))
+                stack.write_nodes()
+                stack.port = free_port()
+                await stack.render()
+                with (directory / "haproxy.log").open("wb") as hap_log:
+                    stack.haproxy = await trio.lowlevel.open_process(
+                        [str(haproxy), "-W", "-db", "-f", str(directory / "haproxy.cfg")],
+                        stdin=subprocess.DEVNULL,
+                        stdout=hap_log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                for node in stack.nodes:
+                    await stack.wait_status(node.name, "UP")
+                yield stack
+            finally:
+                with trio.CancelScope(shield=True):
+                    if stack.haproxy is not None:
+                        await _stop(stack.haproxy, 5, group=True)
+                    async with trio.open_nursery() as stopping:
+                        for node in stack.nodes:
+                            if node.process is not None:
+                                stopping.start_soon(_stop, node.process.process)
+                nursery.cancel_scope.cancel()
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket)
