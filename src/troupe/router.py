@@ -209,6 +209,7 @@ def build_router(
         kv=kv,
         fake_timing=fake_timing,
         requests=requests,
+        cluster=_cluster(settings),
     )
 
 
@@ -223,8 +224,6 @@ def _kv_service(
     kv = KvService(store, KvMetrics(metrics.registry))
     kv.forget_models(e.name for e in catalog)
     return kv
-        cluster=_cluster(settings),
-    )
 
 
 def _cluster(settings: RouterSettings) -> Cluster | None:

@@ -129,7 +129,6 @@ async def serve_router(
         nursery.start_soon(router.history.run, router.scheduler, router.metrics)
         if router.cluster is not None:
             nursery.start_soon(router.cluster.run)  # the peers' /models, kept fresh
-        urls = await nursery.start(partial(serve_http, router, websocket=serve_realtime))
         router.ready = True  # upstream: ready right after binding, before startup loads
         for url in urls:
             # Always shown, whatever the log level: with --port 0 it is how to find the port.

@@ -304,7 +304,7 @@ class Relay:
         relayed = 0
         try:
             try:
-                relayed = await self._stream(client, upstream, None)
+                relayed = await self._stream(client, upstream, None, None)
             finally:
                 upstream.close()
         finally:
