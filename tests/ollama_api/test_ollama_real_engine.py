@@ -106,7 +106,10 @@ async def test_chat_whole_streamed_and_through_openai_say_the_same(
     real_router: RouterFactory,
 ) -> None:
     messages = [{"role": "user", "content": "Name three colours."}]
-    async with real_router() as router, router.client() as http:
+    # The translation is compared, each request evaluated like the first: with the KV
+    # store's --swa-full the engine reuses a cached Gemma 3 prompt, and the different batch
+    # shape can flip a near-tie of the 270M model at temperature 0 (engine numerics).
+    async with real_router("--kv-store", "off") as router, router.client() as http:
         api = client(router)
         whole = await api.chat(
             model="gemma", messages=messages, options={**GREEDY, "num_predict": 12}, stream=False
