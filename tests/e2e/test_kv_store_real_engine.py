@@ -112,6 +112,13 @@ async def metric(r: RunningRouter, name: str, **labels: str) -> float:
     return 0.0
 
 
+async def slot_action(r: RunningRouter, action: str) -> tuple[int, Any]:
+    async with r.client() as http:
+        body = {"model": "a", "filename": "mine.bin"}
+        resp = await http.post(f"/slots/0?action={action}", json=body)
+        return resp.status_code, resp.json()
+
+
 def text_of(out: dict[str, Any]) -> str:
     choice = out["choices"][0]
     return str(choice["message"]["content"] if "message" in choice else choice["text"])
@@ -139,10 +146,13 @@ async def test_a_chat_survives_a_swap_and_answers_as_a_fresh_child_would(
         assert second["timings"]["cache_n"] >= first["timings"]["prompt_n"]
         assert await metric(r, "troupe_kv_restores_total", model="a", result="restored") == 1
         assert await metric(r, "troupe_kv_saves_total", model="a", result="saved") >= 1
+        ours = await slot_action(r, "save")  # the store's files are not the client's
     # The same turn on a fresh child, no store: the same words at temperature 0.
     async with router(tmp_path, sections(gemma), "--kv-store", "off", state="plain") as r:
         fresh = await chat(r, "a", next_turn(first))
         assert fresh["timings"]["prompt_n"] > 300
+        assert ours == await slot_action(r, "save")  # the engine's own refusal, as without
+        assert ours[0] == 501
         assert text_of(fresh) == text_of(second)
         async with r.client() as http:
             models = (await http.get("/models")).json()["data"]

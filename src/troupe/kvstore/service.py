@@ -92,6 +92,10 @@ class KvService:
         return args
 
     def launch_args(self, model: str, args: list[str], swa: bool) -> list[str]:
+        if any(a.split("=", 1)[0] == "--slot-save-path" for a in args):
+            # The user's own slot files: theirs to manage, the store keeps out of them.
+            self._idents.pop(model, None)
+            return args
         full = self.measure_args(args, swa)
         ident = kv_identity(full)
         if self._idents.get(model) != ident:
@@ -109,6 +113,12 @@ class KvService:
         self.store.drop_unknown(known)
         for model in models:
             self._update_gauges(model)
+
+    def refuses(self, model: str, path: str, action: str) -> bool:
+        """A client's slot save or restore on a child whose slot path is the store's: the
+        engine would let it write (and read) files the store owns, outside its budget.
+        Without the store such a child has no slot path, and the engine refuses too."""
+        return model in self._idents and "/slots/" in path and action in ("save", "restore")
 
     def usage(self, model: str) -> tuple[int, int]:
         return self.store.usage(model)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from troupe.kvstore import KvEntry, KvStore, kv_identity
+from troupe.kvstore import KvEntry, KvService, KvStore, kv_identity
 from troupe.kvstore.slotfile import SLOT_MAGIC, read_tokens
 from troupe.kvstore.store import describe, write_sidecar
 
@@ -130,3 +130,15 @@ def test_the_identity_ignores_where_a_child_runs_but_not_what_its_cache_holds(
     assert ident != kv_identity([*base, "--swa-full"])
     model.write_bytes(b"GGUF but changed")
     assert ident != kv_identity(base)
+
+
+def test_a_child_with_its_own_slot_path_is_left_to_its_user(tmp_path: Path) -> None:
+    kv = KvService(KvStore(tmp_path / "kv", 1 << 30))
+    own = ["llama-server", "--model", "m.gguf", "--slot-save-path", "/srv/mine"]
+    assert kv.launch_args("m", own, swa=True) == own  # no second path, no --swa-full
+    assert not kv.refuses("m", "/slots/0", "save")
+    ours = kv.launch_args("n", ["llama-server", "--model", "n.gguf"], swa=True)
+    assert ours[-2:] == ["--slot-save-path", str(tmp_path / "kv" / kv_identity(ours[:-2]))]
+    assert "--swa-full" in ours
+    assert kv.refuses("n", "/slots/0", "restore")
+    assert not kv.refuses("n", "/slots/0", "erase")
