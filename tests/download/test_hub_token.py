@@ -22,6 +22,8 @@ async def test_a_next_link_to_another_host_gets_no_token(tmp_path: Path) -> None
         hub.next_base = other.url.replace("127.0.0.1", "localhost")
         async with open_client(hub.token, endpoint=hub.url) as client:
             plan = await HubClient(client, hub.url).plan("org/private")
+        hub.wait_idle()  # a request is recorded once its answer is sent
+        other.wait_idle()
         assert plan.repo == "org/private"
         assert hub.requests
         assert all(r.authorized for r in hub.requests)
@@ -36,6 +38,7 @@ async def test_the_token_still_reaches_the_hub_itself_on_every_page(tmp_path: Pa
         hub.page_size = 1
         async with open_client(hub.token, endpoint=hub.url) as client:
             await HubClient(client, hub.url).plan("org/private")
+        hub.wait_idle()  # a request is recorded once its answer is sent
         tree = [r for r in hub.requests if "/tree/" in r.path]
         assert len(tree) >= 2
         assert all(r.authorized for r in tree)
