@@ -20,6 +20,7 @@ from troupe.actors.memory import gpu_name
 from troupe.catalog import build_catalog
 from troupe.catalog.facts import FactsCache, file_bytes
 from troupe.catalog.memory import model_need
+from troupe.commands.table import print_table
 from troupe.errors import ConfigError, TroupeError, UsageError
 from troupe.gguf import ModelFacts
 from troupe.hardware.devices import read_devices
@@ -211,9 +212,7 @@ def run_models(args: list[str]) -> int:
         )
         for r in rows
     ]
-    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(HEADERS)]
-    for line in (HEADERS, *table):
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    print_table(HEADERS, table)
     if statuses is None:
         print(f"(no router answered at {url_flag or default_url}: status unknown)")
     return 0

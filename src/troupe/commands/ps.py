@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from troupe.commands.table import print_table
 from troupe.errors import TroupeError, UsageError
 from troupe.hardware.feasibility import format_bytes
 
@@ -134,9 +135,7 @@ def run_ps(args: list[str]) -> int:
         )
         for r in rows
     ]
-    widths = [max(len(h), *(len(row[i]) for row in table), 0) for i, h in enumerate(HEADERS)]
-    for line in (HEADERS, *table):
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    print_table(HEADERS, table)
     if not rows:
         print(f"(no model loaded at {url})")
     return 0

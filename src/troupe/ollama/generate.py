@@ -205,16 +205,27 @@ async def _load_or_unload(
     await lease(ctx, ex, entry, keep_alive, work)
 
 
-async def _generation(ctx: Router, ex: Exchange, *, chat: bool) -> None:
+async def _model_request(
+    ctx: Router, ex: Exchange
+) -> tuple[dict[str, Any], ModelEntry, float | None] | None:
+    """The request's JSON, its catalogue entry and keep_alive; None once an error was sent."""
     req = await read_json(ex)
     if req is None:
-        return
+        return None
     entry = await model_entry(ctx, ex, req)
     if entry is None:
-        return
+        return None
     ok, keep_alive = await keep_alive_of(ex, req)
     if not ok:
+        return None
+    return req, entry, keep_alive
+
+
+async def _generation(ctx: Router, ex: Exchange, *, chat: bool) -> None:
+    asked = await _model_request(ctx, ex)
+    if asked is None:
         return
+    req, entry, keep_alive = asked
     name = str(req.get("model") or req.get("name"))
     stream = req.get("stream") is not False
     empty = not req.get("messages") if chat else not req.get("prompt") and not req.get("suffix")
@@ -239,15 +250,10 @@ async def generate(ctx: Router, ex: Exchange) -> None:
 
 
 async def _embed(ctx: Router, ex: Exchange, key: str) -> None:
-    req = await read_json(ex)
-    if req is None:
+    asked = await _model_request(ctx, ex)
+    if asked is None:
         return
-    entry = await model_entry(ctx, ex, req)
-    if entry is None:
-        return
-    ok, keep_alive = await keep_alive_of(ex, req)
-    if not ok:
-        return
+    req, entry, keep_alive = asked
     try:
         body, count = embed_request(entry.name, req, key)
     except BadRequest as exc:
