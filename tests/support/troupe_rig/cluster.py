@@ -44,6 +44,8 @@ class Node:
     port: int = 0
     process: TroupeProcess | None = None
     killed: bool = False
+    starts: int = 0
+    tag: str = ""  # ClusterStack.tag_var's value in its environment (this start's)
 
     @property
     def url(self) -> str:
@@ -71,6 +73,9 @@ class ClusterStack:
     node_args: list[str]
     check_interval: str
     maxconn: int  # each model's requests in flight on one node before the next takes more
+    # A variable each node runs with, valued "<directory>-<node>-<start>": what a process
+    # of that node's start carries in its environment (its children pass it on).
+    tag_var: str | None = None
     port: int = 0  # HAProxy's
     config: str = ""  # the rendered haproxy.cfg
     haproxy: trio.Process | None = None  # its master process (master-worker mode)
@@ -121,6 +126,10 @@ class ClusterStack:
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
+
+    def models_of(self, node: Node) -> list[str]:
+        """The models in ``node``'s catalogue."""
+        return sorted(m for m, on in self.models.items() if node.name in on)
 
     def order(self, model: str) -> list[Node]:
         """The nodes for ``model``, home first: troupe's placement, over the catalogues
@@ -176,7 +185,14 @@ class ClusterStack:
 
     async def start(self, node: Node) -> None:
         """Start (or start again, on its old port) the node."""
-        node.process = await start_troupe(node.args, state_dir=node.state_dir, port=node.port)
+        node.starts += 1
+        env = {}
+        if self.tag_var is not None:
+            node.tag = f"{self.directory.name}-{os.getpid()}-{node.name}-{node.starts}"
+            env[self.tag_var] = node.tag
+        node.process = await start_troupe(
+            node.args, state_dir=node.state_dir, port=node.port, env=env
+        )
         node.port = int(node.process.url.rsplit(":", 1)[1])
         node.killed = False
         self.nursery.start_soon(_drain, node.process)
@@ -226,6 +242,7 @@ async def open_cluster(
     haproxy: Path = HAPROXY,
     check_interval: str = "300ms",
     maxconn: int = 8,
+    tag_var: str | None = None,
 ) -> AsyncIterator[ClusterStack]:
     """A node per models directory in ``catalogues`` (each with ``args``), HAProxy in
     front; everything stopped when the block ends."""
@@ -236,7 +253,7 @@ async def open_cluster(
     try:
         async with trio.open_nursery() as nursery:
             stack = ClusterStack(
-                [], directory, socket, {}, nursery, list(args), check_interval, maxconn
+                [], directory, socket, {}, nursery, list(args), check_interval, maxconn, tag_var
             )
             try:
                 for catalogue in catalogues:
