@@ -77,12 +77,15 @@ async def _kill_mid_trace(stack: ClusterStack, routers: list[NodeRouter]) -> Non
     victim, successor = stack.order("tiny-b")[:2]
     dead = next(r for r in routers if r.node is victim)
     survivors = [r for r in routers if r is not dead]
-    # Warm-up (as bench/chaos's): each model served once on its home; then the nodes
-    # that will live unload everything and are measured at rest.
+    # Warm-up (as bench/chaos's): each model served once on its home through the
+    # balancer, and once straight from each node (which so learns its peers: their
+    # connections are part of its rest); then the nodes that will live unload
+    # everything and are measured at rest.
     for model in NAMES:
         node, text = await trio.to_thread.run_sync(chat, stack.url, model)
         assert (node, bool(text)) == (stack.order(model)[0].name, True)
     for router in survivors:
+        assert await inv.serving(router, _model_of(stack, router), bound=30) == []
         assert await router.unload_all(30) == []
     bases = {r.node.name: inv.baseline(r) for r in survivors}
     children = [m["troupe"]["pid"] for m in (await dead.models()).values() if m["troupe"]["pid"]]
@@ -147,9 +150,7 @@ async def _kill_mid_trace(stack: ClusterStack, routers: list[NodeRouter]) -> Non
     # The nodes that lived: serving, nothing in flight, nothing left over, their
     # descriptors and RSS back to the baseline.
     for router in survivors:
-        homes = [m for m in NAMES if stack.order(m)[0] is router.node]
-        model = homes[0] if homes else stack.models_of(router.node)[0]
-        assert await inv.serving(router, model, bound=30) == []
+        assert await inv.serving(router, _model_of(stack, router), bound=30) == []
         assert await router.unload_all(30) == []
         assert inv.troupe_facts(await router.models()) == []
         assert inv.leftovers(router) == []
@@ -164,6 +165,12 @@ async def _kill_mid_trace(stack: ClusterStack, routers: list[NodeRouter]) -> Non
     node, text = await trio.to_thread.run_sync(chat, stack.url, "tiny-b")
     assert (node, bool(text)) == (victim.name, True)
     assert victim.name in await stack.loaded_on("tiny-b")
+
+
+def _model_of(stack: ClusterStack, router: NodeRouter) -> str:
+    """A model the node serves itself: one it is home to, else one of its catalogue."""
+    homes = [m for m in NAMES if stack.order(m)[0] is router.node]
+    return homes[0] if homes else stack.models_of(router.node)[0]
 
 
 async def _until_in_flight(router: NodeRouter, model: str, count: int) -> None:

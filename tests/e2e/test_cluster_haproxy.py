@@ -10,6 +10,7 @@ says which node it sent a request to (``X-Troupe-Node``), and each node's own
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -82,25 +83,35 @@ async def test_each_model_on_its_node_long_bodies_streams_realtime_and_the_union
             )
         assert 100 < len(tokenized.json()["tokens"]) < 1000
 
-        # 200 KB before "model" (the SDK's order): HAProxy cannot read it and sends the
-        # request to any node (leastconn: each in turn). The home serves it where it
-        # lands; another node forwards it once to the home. Either way it is served
-        # (200, a completion of the whole prompt) by the home's child; no other loads it.
-        landed = []
-        for _ in range(3):
-            node, text, prompt = await trio.to_thread.run_sync(
+        # A 200 KB chat from the SDK: its "model" comes first, so HAProxy reads it and
+        # sends the request to the home, served there (200, a completion of the whole
+        # prompt) with no extra hop.
+        for _ in range(2):
+            landed, text, prompt = await trio.to_thread.run_sync(
                 long_chat, stack.url, "tiny-b", FILLER
             )
-            assert text
+            assert (landed, bool(text)) == (home_b.name, True)
             assert 100 < prompt < 1000
-            landed.append(node)
-        assert home_b.name in landed  # routed to the home, served there
-        assert set(landed) - {home_b.name}  # landed elsewhere, forwarded once
         assert await stack.loaded_on("tiny-b") == [home_b.name]
+
+        # With "model" after 200 KB of messages (other clients' order), HAProxy cannot
+        # read it and sends it to any node: made to land on each in turn, the home serves
+        # it, any other forwards it once to the home. Served by the home's child either
+        # way; no other node loads the model.
+        for node in stack.nodes:
+            async with stack.landing_on(node):
+                landed, text, prompt = await trio.to_thread.run_sync(
+                    partial(long_chat, stack.url, "tiny-b", FILLER, model_last=True)
+                )
+            assert (landed, bool(text)) == (node.name, True)
+            assert 100 < prompt < 1000
+            assert await stack.loaded_on("tiny-b") == [home_b.name]
 
         # Straight to a node that is not tiny-a's home: forwarded there.
         home, other = stack.order("tiny-a")[0], stack.order("tiny-a")[1]
-        _, text, _ = await trio.to_thread.run_sync(long_chat, other.url, "tiny-a", FILLER)
+        _, text, _ = await trio.to_thread.run_sync(
+            partial(long_chat, other.url, "tiny-a", FILLER, model_last=True)
+        )
         assert text
         assert await stack.loaded_on("tiny-a") == [home.name]
         _, text = await trio.to_thread.run_sync(chat, other.url, "tiny-a")

@@ -177,6 +177,22 @@ class ClusterStack:
                     pass  # its socket is not there yet
                 await trio.sleep(0.05)
 
+    @contextlib.asynccontextmanager
+    async def landing_on(self, node: Node) -> AsyncIterator[None]:
+        """Inside the block, a request HAProxy cannot route by model lands on ``node``:
+        every other node is drained in ``troupe_any`` (its runtime API, as an operator
+        would before maintenance; a drained server takes no new request)."""
+        others = [n for n in self.nodes if n is not node]
+        for other in others:
+            await haproxy_command(self.socket, f"set server troupe_any/{other.name} state drain")
+        try:
+            yield
+        finally:
+            with trio.CancelScope(shield=True):
+                for other in others:
+                    command = f"set server troupe_any/{other.name} state ready"
+                    await haproxy_command(self.socket, command)
+
     async def kill(self, node: Node) -> None:
         assert node.process is not None
         node.process.process.kill()  # SIGKILL: no drain, no stop ladder

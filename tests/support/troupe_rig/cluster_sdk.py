@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2  # the HTTP library the SDK runs on
 import openai
 import trio
+from openai.types.chat import ChatCompletion, ChatCompletionUserMessageParam
 
 from troupe_rig.cluster import ClusterStack, open_cluster
 from troupe_rig.tiny_gguf import TinyModel, write_tiny_models
@@ -34,7 +36,7 @@ __all__ = [
     "write_catalogues",
 ]
 
-LONG = 200_000  # bytes of message before the SDK writes "model": past HAProxy's 16 KB
+LONG = 200_000  # bytes of message: past HAProxy's 16 KB
 # A long context (32 MiB of KV each), so a long generation is still going when its node
 # is killed (the tiny models make ~4,000 tokens a second).
 CTX = 32768
@@ -85,15 +87,27 @@ def chat(url: str, model: str, content: str = "hi", **extra: Any) -> tuple[str, 
     return node, text
 
 
-def long_chat(url: str, model: str, content: str, **extra: Any) -> tuple[str, str, int]:
-    """(the node HAProxy sent it to, the answer's text, the prompt's tokens)."""
+def long_chat(
+    url: str, model: str, content: str, *, model_last: bool = False, **extra: Any
+) -> tuple[str, str, int]:
+    """(the node HAProxy sent it to, the answer's text, the prompt's tokens).
+
+    The SDK writes ``model`` first; ``model_last`` sends the body as other clients (and
+    the SDK's older versions) write it, ``model`` after the messages, through the SDK's
+    own low-level request (``OpenAI.post``), its client unchanged."""
+    message: ChatCompletionUserMessageParam = {"role": "user", "content": content}
     with client(url) as sdk:
-        raw = sdk.chat.completions.with_raw_response.create(
-            model=model, messages=[{"role": "user", "content": content}], max_tokens=4, **extra
-        )
-        answer = raw.parse()
+        if model_last:
+            body = {"messages": [message], "max_tokens": 4, **extra, "model": model}
+            resp = sdk.post("/chat/completions", cast_to=httpx2.Response, body=body)
+            headers, answer = resp.headers, ChatCompletion.model_validate(resp.json())
+        else:
+            raw = sdk.chat.completions.with_raw_response.create(
+                model=model, messages=[message], max_tokens=4, **extra
+            )
+            headers, answer = raw.headers, raw.parse()
     tokens = answer.usage.prompt_tokens if answer.usage else 0
-    return raw.headers.get("x-troupe-node", ""), answer.choices[0].message.content or "", tokens
+    return headers.get("x-troupe-node", ""), answer.choices[0].message.content or "", tokens
 
 
 def stream(url: str, model: str) -> str:
@@ -113,7 +127,7 @@ def stream_until_cut(url: str, model: str, first: trio.Event) -> BaseException |
             for _ in chunks:
                 if not first.is_set():
                     trio.from_thread.run_sync(first.set)
-        except (openai.APIError, httpx.HTTPError) as exc:
+        except (openai.APIError, httpx.HTTPError, httpx2.HTTPError) as exc:
             return exc
     return None
 
