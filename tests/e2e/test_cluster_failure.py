@@ -129,6 +129,7 @@ async def _kill_mid_trace(stack: ClusterStack, routers: list[NodeRouter]) -> Non
     # Every request answered once, none hung; the dead node's each a clean error (the
     # balancer's 502 for a whole answer, a cut stream), and nothing else lost.
     assert ledger.never() == []
+    assert len(ledger.group("in flight, streamed")) == 1
     assert ledger.violations("in flight, streamed", [TRUNCATED, STREAM_ERROR]) == []
     assert [a.status for a in ledger.group("in flight, whole")] == [502]
     assert ledger.violations("in flight, whole", [ERROR]) == []
