@@ -86,18 +86,21 @@ async def test_each_model_on_its_node_long_bodies_streams_realtime_and_the_union
         # A 200 KB chat from the SDK: its "model" comes first, so HAProxy reads it and
         # sends the request to the home, served there (200, a completion of the whole
         # prompt) with no extra hop.
+        routed = await stack.routed("tiny-b")
         for _ in range(2):
             landed, text, prompt = await trio.to_thread.run_sync(
                 long_chat, stack.url, "tiny-b", FILLER
             )
             assert (landed, bool(text)) == (home_b.name, True)
             assert 100 < prompt < 1000
+        assert await stack.routed("tiny-b") == routed + 2  # by its model, not by chance
         assert await stack.loaded_on("tiny-b") == [home_b.name]
 
         # With "model" after 200 KB of messages (other clients' order), HAProxy cannot
         # read it and sends it to any node: made to land on each in turn, the home serves
         # it, any other forwards it once to the home. Served by the home's child either
         # way; no other node loads the model.
+        routed = await stack.routed("tiny-b")
         for node in stack.nodes:
             async with stack.landing_on(node):
                 landed, text, prompt = await trio.to_thread.run_sync(
@@ -106,6 +109,7 @@ async def test_each_model_on_its_node_long_bodies_streams_realtime_and_the_union
             assert (landed, bool(text)) == (node.name, True)
             assert 100 < prompt < 1000
             assert await stack.loaded_on("tiny-b") == [home_b.name]
+        assert await stack.routed("tiny-b") == routed  # none by its model
 
         # Straight to a node that is not tiny-a's home: forwarded there.
         home, other = stack.order("tiny-a")[0], stack.order("tiny-a")[1]

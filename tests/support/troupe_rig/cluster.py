@@ -166,6 +166,17 @@ class ClusterStack:
                 return row.get("status", "")
         return ""  # not in this configuration (yet: a reload is under way)
 
+    async def routed(self, model: str) -> int:
+        """How many requests HAProxy has sent to ``model``'s own backend (it read the
+        model of each), from its runtime API."""
+        text = await haproxy_command(self.socket, "show stat")
+        rows = csv.DictReader(io.StringIO(text.removeprefix("# ")))
+        for row in rows:
+            name = row.get("pxname", "")
+            if row.get("svname") == "BACKEND" and name.split("_", 1)[-1] == model:
+                return int(row.get("stot") or 0)
+        raise KeyError(f"no backend for {model}")
+
     async def wait_status(self, name: str, prefix: str, within: float = 30) -> None:
         # HAProxy has no event to wait on; its runtime API is asked until it agrees.
         with trio.fail_after(within):
