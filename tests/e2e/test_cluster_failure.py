@@ -141,6 +141,9 @@ async def _kill_mid_trace(stack: ClusterStack, routers: list[NodeRouter]) -> Non
     await stack.wait_status(victim.name, "DOWN")
     node, text = await trio.to_thread.run_sync(chat, stack.url, "tiny-b")
     assert (node, bool(text)) == (successor.name, True)
+    # Its own routes through the balancer say it is down, never another node's answer.
+    asked = await balancer.call("GET", f"/metrics?node={victim.name}", bound=10)
+    assert (asked.status, asked.json()["error"]["type"]) == (503, "unavailable_error")
 
     # No orphan: the dead node's children exit (each stops at stdin EOF), and nothing
     # that carries its start's tag is left.
