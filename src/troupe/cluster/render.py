@@ -11,6 +11,10 @@ it). A request whose model the balancer cannot read (past the buffer, not JSON) 
 any node (``troupe_any``), which forwards it once to the model's node; the balancer
 marks every request it routed by model, so a node serves those where they land.
 
+``?node=NAME`` (a server name: n1, n2, ...) reaches that node whatever the request,
+marked so that it answers itself: its ``/metrics``, ``/models/sse``, its own
+``/v1/models``; a name the cluster does not have is a 404, a node that is down a 503.
+
 Only a connection that never opened is retried on another node (``retry-on
 conn-failure``): a request that reached a node may have started generating. Timeouts
 leave an SSE stream or a WebSocket session an hour of silence (a long prefill sends
@@ -51,6 +55,11 @@ def backend_name(index: int, model: str) -> str:
 
 def _quoted(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _json_error(message: str, kind: str, code: int) -> str:
+    body = f'{{"error":{{"message":"{message}","type":"{kind}","code":{code}}}}}'
+    return f"content-type application/json string {_quoted(body)}"
 
 
 def _address(url: str) -> str:
@@ -105,6 +114,15 @@ def render_haproxy(
         "    http-request del-header x-troupe-forwarded",
         "    http-request set-var(txn.model) req.body,json_query('$.model') if METH_POST",
         "    http-request set-var(txn.model) url_param(model) if !{ var(txn.model) -m found }",
+        "    acl node_named url_param(node) -m found",
+        f"    acl node_known url_param(node) -m str {' '.join(names.values())}",
+        "    http-request return status 404 "
+        + _json_error("no such node", "not_found_error", 404)
+        + " if node_named !node_known",
+    ]
+    lines += [
+        f"    use_backend node_{name} if {{ url_param(node) -m str {name} }}"
+        for name in names.values()
     ]
     backends: list[tuple[str, str, list[str]]] = []
     for index, (model, order) in enumerate(sorted(orders.items()), 1):
@@ -120,6 +138,16 @@ def render_haproxy(
         "    http-response set-header X-Troupe-Node %[srv_name]",
     ]
     lines += [f"    server {names[u]} {_address(u)} check" for u in urls]
+    down = _json_error("this node is down", "unavailable_error", 503)
+    for url, name in names.items():
+        lines += [
+            "",
+            f"backend node_{name}  # ?node={name}: that node, answering itself",
+            "    http-request set-header x-troupe-forwarded balancer",
+            "    http-response set-header X-Troupe-Node %[srv_name]",
+            f"    http-error status 503 {down}",
+            f"    server {name} {_address(url)} track troupe_any/{name}",
+        ]
     for backend, model, order in backends:
         lines += [
             "",

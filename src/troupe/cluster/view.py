@@ -10,7 +10,9 @@ Only requests that reach a node without the forward mark pay for this: those the
 balancer could not route by model (the body's ``model`` past its buffer, or not JSON)
 and ``GET /v1/models``. A node with no ``--cluster-nodes`` has no `Cluster` at all.
 Which URL in the list is this node is learnt from the answers: each node's ``/models``
-carries its random id, and the URL that answers with ours is us.
+carries its random id, and the URL that answers with ours is us. Its name (the ``node``
+label of its ``/metrics`` and ``/models/sse``) is the server name `troupe cluster
+render` gives that URL: ``n1``, ``n2``, ... by its place in the list.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import trio
 
 from troupe.cluster.nodes import NodeList
 from troupe.cluster.placement import Placement, node_facts
+from troupe.cluster.render import server_names
 from troupe.proxy.upstream import (
     ChildRef,
     Unreachable,
@@ -47,6 +50,7 @@ FRESH_FOR = 2.0  # seconds the peers' /models stay good for placement and the un
 FETCH_WITHIN = 2.0  # a peer that does not answer /models in this long is skipped
 DOWN_FOR = 5.0  # a peer that refused a connection is not tried again for this long
 CONNECT_WITHIN = 3.0
+UNLISTED = "unlisted"  # the name of a node that has not found itself in the list
 
 
 class Peer:
@@ -98,6 +102,14 @@ class Cluster:
         if found is None:
             found = self._peers[url] = Peer(url, self._read_timeout)
         return found
+
+    async def name(self) -> str:
+        """This node's name in the cluster (its server name in the balancer's
+        configuration), or `UNLISTED` while no URL of the list answered with its id."""
+        await self.docs()
+        if self.self_url is None:
+            return UNLISTED
+        return server_names(self.nodes.urls()).get(self.self_url, UNLISTED)
 
     def mark(self, sender: str) -> list[tuple[bytes, bytes]]:
         return [(FORWARDED, sender.encode("latin-1"))]

@@ -149,10 +149,13 @@ def sse_event(event: dict[str, Any]) -> bytes:
 
 
 async def models_sse(router: Router, ex: Exchange) -> None:
+    # A cluster node names itself in every event (its name as the balancer knows it).
+    node = await router.cluster.name() if router.cluster is not None else None
+
     async def events() -> AsyncGenerator[bytes, None]:
         with router.scheduler.subscribe() as channel:
             async for event in channel:
-                yield sse_event(event)
+                yield sse_event(event if node is None else {**event, "node": node})
 
     await send_stream(ex, b"X-Accel-Buffering: no\r\n", events())
 

@@ -20,8 +20,13 @@ _SSE_FIELDS = b"Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
 
 
 async def metrics(router: Router, ex: Exchange) -> None:
+    node = await router.cluster.name() if router.cluster is not None else None
     body = await render_metrics(
-        router.scheduler, router.metrics, router.relay.pool, router.settings.memory_margin_bytes
+        router.scheduler,
+        router.metrics,
+        router.relay.pool,
+        router.settings.memory_margin_bytes,
+        node,
     )
     await ex.respond(200, body, CONTENT_TYPE_PLAIN_0_0_4)
 

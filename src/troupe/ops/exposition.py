@@ -1,9 +1,14 @@
 """troupe's Prometheus exposition (``GET /metrics``): its counters, the gauges built from
-the scheduler's snapshot and a fresh memory reading, and the children's own metrics."""
+the scheduler's snapshot and a fresh memory reading, and the children's own metrics.
+
+A node of a cluster labels every sample with its name (``node``), so the nodes'
+expositions merge into one without a relabelling rule per scrape target."""
 
 from __future__ import annotations
 
+import copy
 import logging
+from collections.abc import Iterable
 
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -18,6 +23,8 @@ from troupe.sched.memory import MemorySample
 __all__ = ["render_metrics"]
 
 log = logging.getLogger("troupe.metrics")
+
+NODE_LABEL = "node"
 
 
 class _Families:
@@ -41,10 +48,25 @@ async def _sample(scheduler: Scheduler, pids: list[int]) -> MemorySample | None:
         return None
 
 
+def _labelled(families: Iterable[Metric], node: str) -> list[Metric]:
+    """Copies of ``families`` whose every sample also carries ``node="<node>"``."""
+    out = []
+    for family in families:
+        clone = copy.copy(family)
+        clone.samples = [s._replace(labels={**s.labels, NODE_LABEL: node}) for s in family.samples]
+        out.append(clone)
+    return out
+
+
 async def render_metrics(
-    scheduler: Scheduler, metrics: RouterMetrics, pool: UpstreamPool, margin: int | None
+    scheduler: Scheduler,
+    metrics: RouterMetrics,
+    pool: UpstreamPool,
+    margin: int | None,
+    node: str | None = None,
 ) -> bytes:
-    """The whole exposition; ``margin`` is ``--models-memory-margin`` (None: off)."""
+    """The whole exposition; ``margin`` is ``--models-memory-margin`` (None: off);
+    ``node``: a cluster node's name, on every sample."""
     snap = scheduler.snapshot
     running = [v for v in snap.models.values() if v.status.is_running]
     ports = {v.name: v.port for v in running if v.port and v.status.is_ready_or_sleeping}
@@ -57,5 +79,9 @@ async def render_metrics(
         sample=sample,
         children_up=up,
     )
+    rest = state_families(state) + merge_families(children)
+    if node is not None:
+        every = _labelled([*metrics.registry.collect(), *rest], node)
+        return generate_latest(_Families(every))
     own = generate_latest(metrics.registry)
-    return own + generate_latest(_Families(state_families(state) + merge_families(children)))
+    return own + generate_latest(_Families(rest))

@@ -44,6 +44,8 @@ class Node:
     port: int = 0
     process: TroupeProcess | None = None
     killed: bool = False
+    starts: int = 0
+    tag: str = ""  # ClusterStack.tag_var's value in its environment (this start's)
 
     @property
     def url(self) -> str:
@@ -71,6 +73,9 @@ class ClusterStack:
     node_args: list[str]
     check_interval: str
     maxconn: int  # each model's requests in flight on one node before the next takes more
+    # A variable each node runs with, valued "<directory>-<node>-<start>": what a process
+    # of that node's start carries in its environment (its children pass it on).
+    tag_var: str | None = None
     port: int = 0  # HAProxy's
     config: str = ""  # the rendered haproxy.cfg
     haproxy: trio.Process | None = None  # its master process (master-worker mode)
@@ -122,6 +127,10 @@ class ClusterStack:
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
 
+    def models_of(self, node: Node) -> list[str]:
+        """The models in ``node``'s catalogue."""
+        return sorted(m for m, on in self.models.items() if node.name in on)
+
     def order(self, model: str) -> list[Node]:
         """The nodes for ``model``, home first: troupe's placement, over the catalogues
         this rig gave the nodes."""
@@ -157,6 +166,17 @@ class ClusterStack:
                 return row.get("status", "")
         return ""  # not in this configuration (yet: a reload is under way)
 
+    async def routed(self, model: str) -> int:
+        """How many requests HAProxy has sent to ``model``'s own backend (it read the
+        model of each), from its runtime API."""
+        text = await haproxy_command(self.socket, "show stat")
+        rows = csv.DictReader(io.StringIO(text.removeprefix("# ")))
+        for row in rows:
+            name = row.get("pxname", "")
+            if row.get("svname") == "BACKEND" and name.split("_", 1)[-1] == model:
+                return int(row.get("stot") or 0)
+        raise KeyError(f"no backend for {model}")
+
     async def wait_status(self, name: str, prefix: str, within: float = 30) -> None:
         # HAProxy has no event to wait on; its runtime API is asked until it agrees.
         with trio.fail_after(within):
@@ -168,6 +188,22 @@ class ClusterStack:
                     pass  # its socket is not there yet
                 await trio.sleep(0.05)
 
+    @contextlib.asynccontextmanager
+    async def landing_on(self, node: Node) -> AsyncIterator[None]:
+        """Inside the block, a request HAProxy cannot route by model lands on ``node``:
+        every other node is drained in ``troupe_any`` (its runtime API, as an operator
+        would before maintenance; a drained server takes no new request)."""
+        others = [n for n in self.nodes if n is not node]
+        for other in others:
+            await haproxy_command(self.socket, f"set server troupe_any/{other.name} state drain")
+        try:
+            yield
+        finally:
+            with trio.CancelScope(shield=True):
+                for other in others:
+                    command = f"set server troupe_any/{other.name} state ready"
+                    await haproxy_command(self.socket, command)
+
     async def kill(self, node: Node) -> None:
         assert node.process is not None
         node.process.process.kill()  # SIGKILL: no drain, no stop ladder
@@ -176,7 +212,14 @@ class ClusterStack:
 
     async def start(self, node: Node) -> None:
         """Start (or start again, on its old port) the node."""
-        node.process = await start_troupe(node.args, state_dir=node.state_dir, port=node.port)
+        node.starts += 1
+        env = {}
+        if self.tag_var is not None:
+            node.tag = f"{self.directory.name}-{os.getpid()}-{node.name}-{node.starts}"
+            env[self.tag_var] = node.tag
+        node.process = await start_troupe(
+            node.args, state_dir=node.state_dir, port=node.port, env=env
+        )
         node.port = int(node.process.url.rsplit(":", 1)[1])
         node.killed = False
         self.nursery.start_soon(_drain, node.process)
@@ -226,6 +269,7 @@ async def open_cluster(
     haproxy: Path = HAPROXY,
     check_interval: str = "300ms",
     maxconn: int = 8,
+    tag_var: str | None = None,
 ) -> AsyncIterator[ClusterStack]:
     """A node per models directory in ``catalogues`` (each with ``args``), HAProxy in
     front; everything stopped when the block ends."""
@@ -236,7 +280,7 @@ async def open_cluster(
     try:
         async with trio.open_nursery() as nursery:
             stack = ClusterStack(
-                [], directory, socket, {}, nursery, list(args), check_interval, maxconn
+                [], directory, socket, {}, nursery, list(args), check_interval, maxconn, tag_var
             )
             try:
                 for catalogue in catalogues:

@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -45,12 +45,14 @@ async def start_troupe(
     cwd: Path | None = None,
     within: float = 60,
     port: int = 0,
+    env: Mapping[str, str] | None = None,
 ) -> TroupeProcess:
-    """``python -m troupe serve ARGS --port PORT`` (0: any free one), once it listens."""
+    """``python -m troupe serve ARGS --port PORT`` (0: any free one), once it listens;
+    ``env``: variables added to this process's environment."""
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "troupe", "serve", *args, "--port", str(port)],
         stderr=subprocess.PIPE,
-        env={**os.environ, "TROUPE_STATE_DIR": str(state_dir)},
+        env={**os.environ, **(env or {}), "TROUPE_STATE_DIR": str(state_dir)},
         cwd=cwd,
     )
     started = TroupeProcess(process, "", b"")

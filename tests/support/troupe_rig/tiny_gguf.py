@@ -11,6 +11,10 @@ that direction and the special tokens low. Whatever the prompt, generation then
 emits readable pieces (" hello", " world", ...) and practically never ``</s>``,
 so a request for N tokens predicts N tokens and the text is valid UTF-8.
 
+``run_char`` adds tokens for runs of one character (``x``, ``xx``, ``xxxx``, ... up to
+``run_max`` of them): SPM merges two neighbours whose concatenation is a token, so
+200 KB of that character is a few hundred tokens, and a long prompt stays cheap.
+
 Files are deterministic: the same spec gives byte-identical files; a different
 seed or name gives different weights (the name is mixed into the RNG seed) and a
 different ``general.name``.
@@ -90,6 +94,8 @@ class TinyModel:
     n_head_kv: int = 2
     n_ff: int = 256
     n_ctx: int = 512
+    run_char: str = ""  # a character whose runs have tokens of their own (module doc)
+    run_max: int = 1024
     chat_template: str | None = DEFAULT_CHAT_TEMPLATE
     extra: tuple[tuple[str, ExtraValue], ...] = attrs.field(default=(), converter=_freeze_extra)
 
@@ -99,20 +105,33 @@ class TinyModel:
 
     @property
     def n_vocab(self) -> int:
-        return len(tiny_vocab()[0])
+        return len(tiny_vocab(self.run_char, self.run_max)[0])
 
     @property
     def filename(self) -> str:
         return f"{self.name}.gguf"
 
 
-def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and token types of the tiny SPM vocabulary (294 tokens)."""
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list(_PIECES)
+def _runs(run_char: str, run_max: int) -> list[str]:
+    """``c``, ``cc``, ``cccc``, ... (powers of two up to ``run_max``), none already a piece."""
+    out: list[str] = []
+    length = 1
+    while run_char and length <= run_max:
+        if run_char * length not in _PIECES:
+            out.append(run_char * length)
+        length *= 2
+    return out
+
+
+def tiny_vocab(run_char: str = "", run_max: int = 1024) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and token types of the tiny SPM vocabulary (294 tokens, and the
+    runs of ``run_char`` after them)."""
+    pieces = [*_PIECES, *_runs(run_char, run_max)]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
     # Longer pieces score higher so the SPM merger prefers them.
-    scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [float(len(p)) - 10.0 for p in _PIECES]
+    scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [float(len(p)) - 10.0 for p in pieces]
     types = [_TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_CONTROL]
-    types += [_TOKEN_BYTE] * 256 + [_TOKEN_NORMAL] * len(_PIECES)
+    types += [_TOKEN_BYTE] * 256 + [_TOKEN_NORMAL] * len(pieces)
     return tokens, scores, types
 
 
@@ -142,7 +161,8 @@ def _tensors(spec: TinyModel) -> list[tuple[str, npt.NDArray[np.generic]]]:
     n_special = 3
     n_bytes = 256
     out[:n_special] -= common * 0.8
-    out[n_special + n_bytes :] += common * 0.8
+    # The word pieces are what it says; the runs (after them) are only read.
+    out[n_special + n_bytes : n_special + n_bytes + len(_PIECES)] += common * 0.8
 
     tensors: list[tuple[str, npt.NDArray[np.generic]]] = [
         ("token_embd.weight", embd.astype(np.float16)),
@@ -165,7 +185,7 @@ def _tensors(spec: TinyModel) -> list[tuple[str, npt.NDArray[np.generic]]]:
 
 def _metadata(spec: TinyModel) -> dict[str, ExtraValue]:
     """Every metadata key of the file; ``spec.extra`` overrides the standard ones."""
-    tokens, scores, types = tiny_vocab()
+    tokens, scores, types = tiny_vocab(spec.run_char, spec.run_max)
     meta: dict[str, ExtraValue] = {
         "general.name": spec.name,
         "general.file_type": int(gguf.LlamaFileType.MOSTLY_F16),

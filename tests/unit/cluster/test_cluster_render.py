@@ -44,7 +44,10 @@ def test_the_rendered_configuration_is_valid_and_routes_each_model_in_its_order(
         assert servers == order
         assert f'"{model}" "{model}-alias"' in text
     assert "org/repo:Q4_K_M" in text
-    assert text.count("track troupe_any/") == 3 + 2
+    # and one backend per node for ?node= (that node, answering itself)
+    assert text.count("track troupe_any/") == 3 + 2 + 3
+    for name in names.values():
+        assert f"use_backend node_{name} if {{ url_param(node) -m str {name} }}" in text
 
 
 def test_the_shipped_example_is_valid(haproxy_path: Path) -> None:
