@@ -19,11 +19,16 @@ from typing import Any
 import attrs
 import trio
 
-__all__ = ["AccessRecord", "RequestLog", "read_usage"]
+__all__ = ["ALL_KINDS", "DEFAULT_KINDS", "AccessRecord", "RequestLog", "read_usage"]
 
 log = logging.getLogger("troupe.access")
 
 RING_SIZE = 512  # recent requests kept for GET /troupe/requests and the dashboard
+# The router's own routes, kept apart: a dashboard polling every few seconds must not
+# push the model requests out of the ring.
+LOCAL_RING_SIZE = 256
+ALL_KINDS = frozenset({"proxied", "realtime", "local"})
+DEFAULT_KINDS = frozenset({"proxied", "realtime"})  # the model traffic
 PENDING_MAX = 10_000  # access lines not yet written (beyond: the oldest are dropped)
 WRITE_EVERY = 0.05  # seconds: lines go out in batches, one write each, off the request path
 _DECODER = json.JSONDecoder()
@@ -54,6 +59,8 @@ class AccessRecord:
     catalogued: bool = False  # ``model`` is the catalogue's name (else what was asked)
     conversation: str | None = None
     error: str | None = None  # why it failed, when it did
+    kind: str = "proxied"  # proxied (to a child), local (the router's own), realtime
+    close_code: int | None = None  # a realtime session's WebSocket close code
 
     def to_json(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in _FIELDS}  # attrs.asdict: 4x slower
@@ -83,6 +90,10 @@ class AccessRecord:
         parts.append(f"bytes={self.bytes_in}/{self.bytes_out}")
         if self.conversation:
             parts.append(f"conv={self.conversation}")
+        if self.kind != "proxied":
+            parts.append(f"kind={self.kind}")
+        if self.close_code is not None:
+            parts.append(f"close={self.close_code}")
         if self.error:
             parts.append(f"error={json.dumps(self.error)}")
         return " ".join(parts)
@@ -138,6 +149,7 @@ class RequestLog:
     def __init__(self, *, enabled: bool = False, size: int = RING_SIZE) -> None:
         self.enabled = enabled  # --access-log: one log line per request
         self._ring: collections.deque[AccessRecord] = collections.deque(maxlen=size)
+        self._local: collections.deque[AccessRecord] = collections.deque(maxlen=LOCAL_RING_SIZE)
         self._listeners: list[Callable[[AccessRecord], None]] = []
         self._recorded = trio.Event()  # set (and replaced) at a record someone waits for
         self._waiting = 0
@@ -148,9 +160,19 @@ class RequestLog:
         self._listeners.append(listener)
 
     def record(self, rec: AccessRecord) -> None:
+        """A proxied request ended: the ring, the listeners (metrics), the log line."""
         self._ring.append(rec)
         for listener in self._listeners:
             listener(rec)
+        self._written(rec)
+
+    def record_other(self, rec: AccessRecord) -> None:
+        """A router-local request or a realtime session ended: its ring and the log
+        line, not the listeners (the request metrics count proxied requests)."""
+        (self._local if rec.kind == "local" else self._ring).append(rec)
+        self._written(rec)
+
+    def _written(self, rec: AccessRecord) -> None:
         if self.enabled:
             self._pending.append(rec)
             self._wake.set()
@@ -161,7 +183,7 @@ class RequestLog:
     async def wait_until(self, predicate: Callable[[AccessRecord], bool]) -> AccessRecord:
         """The newest record that matches ``predicate``, waiting for it (no polling)."""
         while True:
-            found = next((r for r in self.recent() if predicate(r)), None)
+            found = next((r for r in self.recent(kinds=ALL_KINDS) if predicate(r)), None)
             if found is not None:
                 return found
             self._waiting += 1
@@ -204,16 +226,29 @@ class RequestLog:
                     if record.levelno >= handler.level:
                         handler.handle(record)
 
-    def recent(self, model: str | None = None, limit: int | None = None) -> Iterator[AccessRecord]:
-        """Newest first; only ``model``'s when given."""
+    def recent(
+        self,
+        model: str | None = None,
+        limit: int | None = None,
+        kinds: frozenset[str] = DEFAULT_KINDS,
+    ) -> Iterator[AccessRecord]:
+        """Newest first; only ``model``'s when given, only records of ``kinds``."""
         count = 0
-        for rec in reversed(self._ring):
-            if model and rec.model != model:
+        if "local" in kinds:
+            found = sorted((*self._ring, *self._local), key=_ended)
+        else:
+            found = list(self._ring)
+        for rec in reversed(found):
+            if rec.kind not in kinds or (model and rec.model != model):
                 continue
             if limit is not None and count >= limit:
                 return
             count += 1
             yield rec
+
+
+def _ended(rec: AccessRecord) -> float:
+    return rec.time + rec.duration
 
 
 _TEMPLATE: dict[str, object] | None = None
