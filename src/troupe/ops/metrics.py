@@ -11,6 +11,7 @@ a fresh memory reading (`troupe.ops.state`), so they never go stale between even
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 
 import attrs
@@ -56,6 +57,7 @@ _KNOWN_ROUTES = PROXY_POST_PATHS | PROXY_GET_PATHS | {"/props", "/metrics", "/v1
 _KNOWN_ROUTES |= {"/api/chat", "/api/generate", "/api/embed", "/api/embeddings"}
 
 
+@functools.lru_cache(maxsize=512)  # twice per request; paths are the API's, bounded
 def route_label(path: str, prefix: str) -> str:
     """The proxied route, bounded: ``/slots/3`` is ``/slots/:id``, anything else ``other``."""
     route = strip_prefix(path, prefix) or path
@@ -225,6 +227,10 @@ class RouterMetrics:
             raise
         finally:
             self.queue_wait.child(model, outcome).observe(max(0.0, self._clock() - started))
+
+    def observe_queue_wait(self, model: str, outcome: str, waited: float) -> None:
+        """A request's wait for its model ended (granted, failed or cancelled)."""
+        self.queue_wait.child(model, outcome).observe(max(0.0, waited))
 
     def observe_relay(
         self, path: str, status: int, request_bytes: int, response_bytes: int
