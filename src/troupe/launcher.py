@@ -102,19 +102,13 @@ class ChildLauncher:
 
     # ----- catalogues ----------------------------------------------------------------------
 
-    def prepare(self, catalog: Catalog, *, strict: bool = False) -> PreparedCatalog:
-        """What the scheduler needs from a fresh catalogue (reads GGUF headers, and
-        has the engine parse each section's own flags). ``strict`` (the first load): a
-        section whose flags the engine refuses is a ConfigError; on a reload that model
-        is rejected with the engine's message (the others keep serving)."""
+    def prepare(self, catalog: Catalog) -> PreparedCatalog:
+        """What the scheduler needs from a fresh catalogue (reads GGUF headers, and has
+        the engine parse each section's own flags). A model whose command line the
+        engine refuses is rejected with the engine's message, at start-up as on a
+        reload: the other models serve (upstream's router starts such a model and fails
+        its first load; troupe says why before any request)."""
         refused = self._sections.refusals(self._section_argvs(catalog))
-        if strict and refused:
-            raise ConfigError(
-                "; ".join(
-                    f"preset section [{name}]: the engine refuses its flags: {message}"
-                    for name, message in sorted(refused.items())
-                )
-            )
         with self._facts_lock:
             rejections = {}
             for entry in catalog:

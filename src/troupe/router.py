@@ -164,7 +164,7 @@ def build_router(
     )
     fake_timing = bool(env.get(FAKE_TIMING_ENV))
     margin = settings.memory_margin_bytes
-    prepared = launcher.prepare(catalog, strict=True)  # a section's bad flags: refused
+    prepared = launcher.prepare(catalog)
     core = SchedulerCore(
         prepared.configs,
         settings.models_max,
