@@ -103,6 +103,7 @@ async def test_one_record_per_realtime_session_at_its_end(
         assert rec.bytes_in > 0
         assert rec.bytes_out > rec.bytes_in
         assert rec.client.startswith("127.0.0.1:")
+        assert rec.path == "/v1/realtime"
 
         assert await run_asyncio(refused, router.url) == 400
         no = await router.ctx.requests.wait_until(lambda r: r.model == "no-such-model")

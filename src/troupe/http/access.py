@@ -160,12 +160,13 @@ UPGRADE_CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("upgrade_cl
 def realtime_record(ctx: Router, client: str, path: str, started: float) -> AccessRecord:
     """A realtime session's record, begun at its handshake (``started``: Trio time);
     `finish_realtime` hands it on at the session's end."""
+    path = path.partition("?")[0]  # as the other records: the query (the model) apart
     return AccessRecord(
         time=time.time() - (trio.current_time() - started),
         client=client,
         method="GET",
         path=path,
-        route=strip_prefix(path.partition("?")[0], ctx.settings.api_prefix) or path,
+        route=strip_prefix(path, ctx.settings.api_prefix) or path,
         kind="realtime",
     )
 
