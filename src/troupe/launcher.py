@@ -10,6 +10,7 @@ scheduler's own (swapped whole on reload), reached through `read_catalogue_from`
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,11 +19,13 @@ from typing import Protocol
 from troupe.actors.instance import LaunchSpec
 from troupe.actors.memory import ObservedStore
 from troupe.catalog import Catalog, ModelEntry, build_catalog
+from troupe.catalog.build import base_preset
 from troupe.catalog.facts import FactsCache
 from troupe.catalog.hfcache import cache_dir
 from troupe.catalog.memory import model_need
 from troupe.catalog.prepared import PreparedCatalog
 from troupe.catalog.removal import remove_cached
+from troupe.child.argcheck import SectionChecks
 from troupe.child.cpu_flags import cpu_flags, cpu_request
 from troupe.child.ports import free_port
 from troupe.engine import Engine
@@ -36,6 +39,12 @@ from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
 
 __all__ = ["ChildLauncher", "fingerprint"]
+
+log = logging.getLogger("troupe.launcher")
+
+# Options that name a file: the engine's parser only stores them (the child's load
+# reports a missing one), so a section that adds only these needs no check.
+_PATH_ENVS = frozenset({"LLAMA_ARG_MODEL", "LLAMA_ARG_MMPROJ", "LLAMA_ARG_ALIAS"})
 
 
 def fingerprint(args: list[str]) -> str:
@@ -79,6 +88,7 @@ class ChildLauncher:
         self._owner: _CatalogueOwner | None = None
         # status.args shows the last rendered command line (port 0 before a first load).
         self._last_args: dict[str, list[str]] = {}
+        self._sections = SectionChecks(environ)  # each section's flags, by the engine
 
     def read_catalogue_from(self, owner: _CatalogueOwner) -> None:
         """The catalogue in effect is ``owner``'s (the scheduler's, replaced on reload)."""
@@ -93,14 +103,35 @@ class ChildLauncher:
     # ----- catalogues ----------------------------------------------------------------------
 
     def prepare(self, catalog: Catalog) -> PreparedCatalog:
-        """What the scheduler needs from a fresh catalogue (reads GGUF headers)."""
+        """What the scheduler needs from a fresh catalogue (reads GGUF headers, and has
+        the engine parse each section's own flags). A model whose command line the
+        engine refuses is rejected with the engine's message, at start-up as on a
+        reload: the other models serve (upstream's router starts such a model and fails
+        its first load; troupe says why before any request)."""
+        refused = self._sections.refusals(self._section_argvs(catalog))
         with self._facts_lock:
             rejections = {}
             for entry in catalog:
                 facts = self.facts.facts(entry.model_path)
                 if isinstance(facts, ModelFacts) and facts.rejection:
                     rejections[entry.name] = facts.rejection
+            for name, message in sorted(refused.items()):
+                log.error("preset section [%s]: the engine refuses its flags: %s", name, message)
+                rejections[name] = f"the engine refuses its flags: {message}"
             return PreparedCatalog(catalog, tuple(self.model_configs(catalog)), rejections)
+
+    def _section_argvs(self, catalog: Catalog) -> dict[str, list[str]]:
+        """The child command line of each model whose section adds flags to the router's
+        own (those were checked at start-up; a bare model file adds only its path)."""
+        base = {(o.long_name, v) for o, v in base_preset(self.settings).options}
+        out: dict[str, list[str]] = {}
+        for entry in catalog:
+            if any(
+                (o.long_name, v) not in base and o.env not in _PATH_ENVS
+                for o, v in entry.preset.options
+            ):
+                out[entry.name] = self.render_args_of(catalog, entry, 0)
+        return out
 
     def scan(self) -> PreparedCatalog:
         """Re-read every model source (§6.9 step 1); ConfigError when one is broken."""
@@ -211,7 +242,10 @@ class ChildLauncher:
         return isinstance(facts, ModelFacts) and facts.swa_window > 0
 
     def render_args(self, entry: ModelEntry, port: int) -> list[str]:
-        return self.catalog.child_args(
+        return self.render_args_of(self.catalog, entry, port)
+
+    def render_args_of(self, catalog: Catalog, entry: ModelEntry, port: int) -> list[str]:
+        return catalog.child_args(
             entry,
             port,
             bin_path=str(self.engine.path),

@@ -38,12 +38,11 @@ async def test_records_metrics_and_log_lines(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # "broken": tiny-a's file with a value the engine refuses at load (a preset's own,
-    # which start-up does not check: only the command line's flags are).
-    preset = write_preset(
-        tmp_path,
-        {"broken": {"model": str(tiny_model_dir / "tiny-a.gguf"), "n-gpu-layers": "lots"}},
-    )
+    # "broken": a file that is no GGUF, which the engine fails to load (a flag it would
+    # refuse is refused before any request now: tests/e2e/test_section_flags_real_engine.py).
+    garbage = tmp_path / "broken.gguf"
+    garbage.write_bytes(b"GGUF" + b"\xff" * 4096)
+    preset = write_preset(tmp_path, {"broken": {"model": str(garbage)}})
     args = [
         "--models-dir",
         str(tiny_model_dir),
@@ -154,6 +153,9 @@ async def test_records_metrics_and_log_lines(
 
     # The log line: one per request, text by default and the same record as JSON.
     lines = [rec for rec in caplog.records if rec.name == "troupe.access"]
+    local = [rec for rec in lines if rec.access.kind == "local"]  # type: ignore[attr-defined]
+    assert [rec.access.path for rec in local] == ["/troupe/requests"] * 2  # type: ignore[attr-defined]
+    lines = [rec for rec in lines if rec not in local]
     assert len(lines) == 5
     first_line = lines[0]
     assert '"POST /completion" 200 model=tiny-a' in first_line.getMessage()

@@ -3,15 +3,20 @@
 `begin` makes the `AccessRecord` (arrival time, client, route); the request path fills
 in its model, waits and failure; `finish` adds the relay's figures (status, first byte,
 first event, bytes, and the child's usage and timings from the answer's tail) and
-hands it to the router's `RequestLog`.
+hands it to the router's `RequestLog`. `recorded` gives a router-local route its
+record (kind "local"); a realtime session gets one at its end (kind "realtime").
 """
 
 from __future__ import annotations
 
+import contextvars
+import json
 import time
 
 import trio
 
+from troupe.api import strip_prefix
+from troupe.http.routing import Handler
 from troupe.http.server.exchange import Exchange
 from troupe.ops.access import AccessRecord, read_usage
 from troupe.ops.metrics import route_label
@@ -19,7 +24,16 @@ from troupe.proxy.relay import RelayReport
 from troupe.router import Router
 from troupe.sched import Grant
 
-__all__ = ["CLIENT_CLOSED", "begin", "finish", "note_wait"]
+__all__ = [
+    "CLIENT_CLOSED",
+    "UPGRADE_CLIENT",
+    "begin",
+    "finish",
+    "finish_realtime",
+    "note_wait",
+    "realtime_record",
+    "recorded",
+]
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": the client left before an answer
 
@@ -81,3 +95,82 @@ def finish(
             rec.status = CLIENT_CLOSED
         rec.error = rec.error or "the client went away"
     ctx.requests.record(rec)
+
+
+# Probes and scrapes that answer well get no record: a load balancer's health check and
+# Prometheus' scrape come every few seconds and say nothing about what users did (as
+# nginx's `access_log off` on such a location); a failing one is recorded.
+UNRECORDED_WHEN_OK = frozenset({"/health", "/v1/health", "/metrics"})
+
+
+def recorded(handler: Handler) -> Handler:
+    """``handler`` (a router-local route) with an access record of kind "local"."""
+
+    async def with_record(ctx: Router, ex: Exchange) -> None:
+        started = trio.current_time()
+        try:
+            await handler(ctx, ex)
+        finally:
+            _finish_local(ctx, ex, started)
+
+    return with_record
+
+
+def _finish_local(ctx: Router, ex: Exchange, started: float) -> None:
+    status = ex.status if ex.started else CLIENT_CLOSED
+    route = strip_prefix(ex.path, ctx.settings.api_prefix) or ex.path
+    if status < 400 and route in UNRECORDED_WHEN_OK and not ex.params.get("model"):
+        return
+    duration = trio.current_time() - started
+    rec = AccessRecord(
+        time=time.time() - duration,
+        client=ex.client,
+        method=ex.method,
+        path=ex.path,
+        route=route,
+        model=_model_named(ex),
+        status=status,
+        duration=duration,
+        bytes_in=len(ex.body),
+        bytes_out=ex.sent,
+        kind="local",
+        error=None if ex.started else "the client went away",
+    )
+    ctx.requests.record_other(rec)
+
+
+def _model_named(ex: Exchange) -> str:
+    """The model a local request is about (``?model=``, or a small JSON body's)."""
+    name = ex.params.get("model", "")
+    if name or not ex.body.startswith(b"{"):
+        return name
+    try:
+        body = json.loads(ex.body)
+    except ValueError:
+        return ""
+    value = body.get("model") if isinstance(body, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+# The client of a WebSocket upgrade (set by the HTTP side before the realtime door runs:
+# trio-websocket's request does not know the socket under the replayed stream).
+UPGRADE_CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("upgrade_client", default="-")
+
+
+def realtime_record(ctx: Router, client: str, path: str, started: float) -> AccessRecord:
+    """A realtime session's record, begun at its handshake (``started``: Trio time);
+    `finish_realtime` hands it on at the session's end."""
+    path = path.partition("?")[0]  # as the other records: the query (the model) apart
+    return AccessRecord(
+        time=time.time() - (trio.current_time() - started),
+        client=client,
+        method="GET",
+        path=path,
+        route=strip_prefix(path, ctx.settings.api_prefix) or path,
+        kind="realtime",
+    )
+
+
+def finish_realtime(ctx: Router, rec: AccessRecord, started: float) -> None:
+    rec.duration = trio.current_time() - started
+    ctx.requests.record_other(rec)

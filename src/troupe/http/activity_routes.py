@@ -1,11 +1,12 @@
 """troupe's own views of what it is doing: ``GET /troupe/requests`` (the recent proxied
-requests, newest first; ``?model=``, ``?limit=``) and ``GET /troupe/version``."""
+requests, newest first; ``?model=``, ``?limit=``, ``?kind=``) and ``GET /troupe/version``."""
 
 from __future__ import annotations
 
 from troupe import __version__
 from troupe.http.respond import send_error, send_json
 from troupe.http.server.exchange import Exchange
+from troupe.ops.access import ALL_KINDS, DEFAULT_KINDS
 from troupe.ops.history import HISTORY_EVERY
 from troupe.router import Router
 
@@ -26,8 +27,24 @@ async def recent_requests(router: Router, ex: Exchange) -> None:
         await send_error(ex, "limit must be a number", "invalid_request_error")
         return
     limit = int(limit_text) if limit_text else DEFAULT_LIMIT
-    items = [rec.to_json() for rec in router.requests.recent(model, limit)]
+    kinds = _kinds(params.get("kind", ""))
+    if kinds is None:
+        message = "kind must be a comma-separated list of " + ", ".join(sorted(ALL_KINDS))
+        await send_error(ex, message + " (or all)", "invalid_request_error")
+        return
+    items = [rec.to_json() for rec in router.requests.recent(model, limit, kinds)]
     await send_json(ex, {"object": "list", "data": items})
+
+
+def _kinds(text: str) -> frozenset[str] | None:
+    """``?kind=``: empty is the model traffic (proxied and realtime), ``all`` is every
+    kind, else the named ones; None when one is unknown."""
+    if not text:
+        return DEFAULT_KINDS
+    if text == "all":
+        return ALL_KINDS
+    kinds = frozenset(k.strip() for k in text.split(","))
+    return kinds if kinds <= ALL_KINDS else None
 
 
 async def version(router: Router, ex: Exchange) -> None:

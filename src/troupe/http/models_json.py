@@ -116,6 +116,9 @@ def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict
     if view is not None and view.failed:
         status["exit_code"] = view.exit_code
         status["failed"] = True
+    rejected = ctx.rejection(entry)
+    if rejected:  # it cannot start: a load is refused with this message (no exit code)
+        status["failed"] = True
     item: dict[str, Any] = {
         "id": entry.name,
         "aliases": list(entry.sorted_aliases),
@@ -141,6 +144,7 @@ def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict
     if extras["gguf"] is not None and "error" not in extras["gguf"]:
         extras["gguf"]["file_bytes"] = file_bytes(entry.model_path, facts)
     extras["memory"] = _memory(ctx, view)
+    extras["rejected"] = rejected
     if ctx.kv is not None:
         entries, size = ctx.kv.usage(entry.name)
         extras["kv"] = {"entries": entries, "bytes": size}

@@ -156,33 +156,41 @@ async def _lease_and_relay(
     granted: Grant | None = None
     # Registered before the wait, so a stop issued while the model loads can cancel it.
     ticket = tracker.remember(conv_id, entry.name) if conv_id else 0
+    outcome = "cancelled"  # a wait that ends in neither a grant nor a failure
+    refused: Failure | None = None
     try:
         # A conversation's wait ignores the client going away (a page reload must not
         # cancel the load); only a stop of the conversation cancels it (§6.6).
         if ticket:
-            with (
-                trio.CancelScope(shield=True) as wait_scope,
-                ctx.metrics.time_queue_wait(entry.name),
-            ):
+            with trio.CancelScope(shield=True) as wait_scope:
                 tracker.attach(conv_id, ticket, wait_scope)
                 rid, grant = await acquire_within(
                     ctx, entry.name, autoload=autoload, update_last_used=update_last_used
                 )
                 granted = grant
         else:
-            with ctx.metrics.time_queue_wait(entry.name):
-                rid, grant = await acquire_within(
-                    ctx, entry.name, autoload=autoload, update_last_used=update_last_used
-                )
-                granted = grant
+            rid, grant = await acquire_within(
+                ctx, entry.name, autoload=autoload, update_last_used=update_last_used
+            )
+            granted = grant
     except ModelUnavailable as exc:
-        rec.error = exc.failure.message
-        await send_failure(ex, exc.failure)
-        return
+        outcome, refused = "failed", exc.failure
+    except Exception:
+        outcome = "failed"
+        raise
     finally:
         if ticket:
             tracker.detach(conv_id, ticket)
-        access.note_wait(ctx, rec, trio.current_time() - asked, granted)
+        # One clock read for the wait's histogram and the access record.
+        waited = trio.current_time() - asked
+        ctx.metrics.observe_queue_wait(
+            entry.name, "granted" if granted is not None else outcome, waited
+        )
+        access.note_wait(ctx, rec, waited, granted)
+    if refused is not None:
+        rec.error = refused.message
+        await send_failure(ex, refused)
+        return
     if ticket and (wait_scope.cancelled_caught or not tracker.alive(conv_id, ticket)):
         if not wait_scope.cancelled_caught:
             await scheduler.release(rid)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from troupe.api import PROXY_GET_PATHS, PROXY_GET_WITH_MODEL, PROXY_POST_PATHS
 from troupe.http import activity_routes, dashboard, model_routes, ops_routes, streams
+from troupe.http.access import recorded
 from troupe.http.proxy_routes import handle_proxy_get, handle_proxy_post, handle_stream_get
 from troupe.http.respond import watched
 from troupe.http.routing import DASHBOARD, Handler, RouteTable, Under
@@ -65,12 +66,16 @@ ROUTES = RouteTable(
     [
         *((("POST", path), handle_proxy_post) for path in PROXY_POST_PATHS),
         *((("GET", path), handle_proxy_get) for path in PROXY_GET_PATHS),
-        *((("GET", p), _child_with_model(_OWN_GET_WITH_MODEL[p])) for p in PROXY_GET_WITH_MODEL),
+        *(
+            (("GET", p), _child_with_model(recorded(_OWN_GET_WITH_MODEL[p])))
+            for p in PROXY_GET_WITH_MODEL
+        ),
         (("GET", "/v1/stream"), handle_stream_get),  # relayed to the conversation's child
-        *_ROUTER_OWN.items(),
+        # The router's own routes: each with an access record of kind "local".
+        *((key, recorded(handler)) for key, handler in _ROUTER_OWN.items()),
     ],
     [
         Under("POST", "/slots/", handle_proxy_post, segment=True),  # ?action=save|restore
-        Under("GET", DASHBOARD + "/", dashboard.dashboard_file),
+        Under("GET", DASHBOARD + "/", recorded(dashboard.dashboard_file)),
     ],
 )

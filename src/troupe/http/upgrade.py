@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 import trio
 import trio_websocket
 
+from troupe.http.access import UPGRADE_CLIENT
 from troupe.http.errors import error_body
 from troupe.http.server.exchange import Exchange
 from troupe.http.server.parse import Request
@@ -98,5 +99,6 @@ async def serve_upgrade(
             )
         if not handshake.cancelled_caught:
             exchange.started = True
+            UPGRADE_CLIENT.set(exchange.client)  # for the session's access record
             await door(ctx, request)
         nursery.cancel_scope.cancel()

@@ -13,17 +13,25 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
 import trio
 
-__all__ = ["AccessRecord", "RequestLog", "read_usage"]
+from troupe.ops.access_lines import LineFormat, direct_format
+
+__all__ = ["ALL_KINDS", "DEFAULT_KINDS", "AccessRecord", "RequestLog", "read_usage"]
 
 log = logging.getLogger("troupe.access")
 
 RING_SIZE = 512  # recent requests kept for GET /troupe/requests and the dashboard
+# The router's own routes, kept apart: a dashboard polling every few seconds must not
+# push the model requests out of the ring.
+LOCAL_RING_SIZE = 256
+ALL_KINDS = frozenset({"proxied", "realtime", "local"})
+DEFAULT_KINDS = frozenset({"proxied", "realtime"})  # the model traffic
 PENDING_MAX = 10_000  # access lines not yet written (beyond: the oldest are dropped)
 WRITE_EVERY = 0.05  # seconds: lines go out in batches, one write each, off the request path
 _DECODER = json.JSONDecoder()
@@ -54,9 +62,12 @@ class AccessRecord:
     catalogued: bool = False  # ``model`` is the catalogue's name (else what was asked)
     conversation: str | None = None
     error: str | None = None  # why it failed, when it did
+    kind: str = "proxied"  # proxied (to a child), local (the router's own), realtime
+    close_code: int | None = None  # a realtime session's WebSocket close code
 
     def to_json(self) -> dict[str, Any]:
-        out = {name: getattr(self, name) for name in _FIELDS}  # attrs.asdict: 4x slower
+        # attrgetter reads every field in one C call (attrs.asdict: 4x slower).
+        out = dict(zip(_FIELDS, _GET_FIELDS(self), strict=True))
         for key in _SECONDS:
             value = out[key]
             if value is not None:
@@ -65,17 +76,19 @@ class AccessRecord:
 
     def text(self) -> str:
         """The access log's text form: one line, ``key=value`` after the request line."""
-        parts = [f'{self.client} "{self.method} {self.path}" {self.status}']
-        parts.append(f"model={self.model or '-'}")
-        for key, value in (
-            ("queue", self.queue_wait),
-            ("load", self.load_wait),
-            ("ttfb", self.ttfb),
-            ("ttft", self.ttft),
-            ("duration", self.duration),
-        ):
-            if value is not None:
-                parts.append(f"{key}={value * 1000:.1f}ms")
+        parts = [
+            f'{self.client} "{self.method} {self.path}" {self.status} model={self.model or "-"}'
+        ]
+        # Unrolled (this runs once per line written): the waits, then the answer's times.
+        if self.queue_wait is not None:
+            parts.append(f"queue={self.queue_wait * 1000:.1f}ms")
+        if self.load_wait is not None:
+            parts.append(f"load={self.load_wait * 1000:.1f}ms")
+        if self.ttfb is not None:
+            parts.append(f"ttfb={self.ttfb * 1000:.1f}ms")
+        if self.ttft is not None:
+            parts.append(f"ttft={self.ttft * 1000:.1f}ms")
+        parts.append(f"duration={self.duration * 1000:.1f}ms")
         if self.prompt_tokens is not None or self.completion_tokens is not None:
             parts.append(f"tokens={self.prompt_tokens or 0}+{self.completion_tokens or 0}")
         if self.tokens_per_second is not None:
@@ -83,12 +96,17 @@ class AccessRecord:
         parts.append(f"bytes={self.bytes_in}/{self.bytes_out}")
         if self.conversation:
             parts.append(f"conv={self.conversation}")
+        if self.kind != "proxied":
+            parts.append(f"kind={self.kind}")
+        if self.close_code is not None:
+            parts.append(f"close={self.close_code}")
         if self.error:
             parts.append(f"error={json.dumps(self.error)}")
         return " ".join(parts)
 
 
 _FIELDS = tuple(f.name for f in attrs.fields(AccessRecord))
+_GET_FIELDS = operator.attrgetter(*_FIELDS)
 _SECONDS = ("queue_wait", "load_wait", "ttfb", "ttft", "duration", "tokens_per_second")
 
 
@@ -138,19 +156,32 @@ class RequestLog:
     def __init__(self, *, enabled: bool = False, size: int = RING_SIZE) -> None:
         self.enabled = enabled  # --access-log: one log line per request
         self._ring: collections.deque[AccessRecord] = collections.deque(maxlen=size)
+        self._local: collections.deque[AccessRecord] = collections.deque(maxlen=LOCAL_RING_SIZE)
         self._listeners: list[Callable[[AccessRecord], None]] = []
         self._recorded = trio.Event()  # set (and replaced) at a record someone waits for
         self._waiting = 0
         self._pending: collections.deque[AccessRecord] = collections.deque(maxlen=PENDING_MAX)
         self._wake = trio.Event()
+        self._direct_key: tuple[int, int, int] | None = None
+        self._direct_fn: LineFormat | None = None
 
     def add_listener(self, listener: Callable[[AccessRecord], None]) -> None:
         self._listeners.append(listener)
 
     def record(self, rec: AccessRecord) -> None:
+        """A proxied request ended: the ring, the listeners (metrics), the log line."""
         self._ring.append(rec)
         for listener in self._listeners:
             listener(rec)
+        self._written(rec)
+
+    def record_other(self, rec: AccessRecord) -> None:
+        """A router-local request or a realtime session ended: its ring and the log
+        line, not the listeners (the request metrics count proxied requests)."""
+        (self._local if rec.kind == "local" else self._ring).append(rec)
+        self._written(rec)
+
+    def _written(self, rec: AccessRecord) -> None:
         if self.enabled:
             self._pending.append(rec)
             self._wake.set()
@@ -161,7 +192,7 @@ class RequestLog:
     async def wait_until(self, predicate: Callable[[AccessRecord], bool]) -> AccessRecord:
         """The newest record that matches ``predicate``, waiting for it (no polling)."""
         while True:
-            found = next((r for r in self.recent() if predicate(r)), None)
+            found = next((r for r in self.recent(kinds=ALL_KINDS) if predicate(r)), None)
             if found is not None:
                 return found
             self._waiting += 1
@@ -184,15 +215,24 @@ class RequestLog:
 
     def flush(self) -> None:
         """Write every pending line now, through the ``troupe.access`` logger's handlers:
-        troupe's own stream handler gets the batch in one write, others each record."""
+        troupe's own stream handler gets the batch in one write, made straight from the
+        records (`troupe.ops.access_lines`); others get log records."""
         if not self._pending or not log.isEnabledFor(logging.INFO):
             self._pending.clear()
             return
-        batch = [_log_record(rec) for rec in self._pending]
+        pending = list(self._pending)
         self._pending.clear()
+        batch: list[logging.LogRecord] | None = None  # made only for a handler that wants them
         for handler in _handlers(log):
-            if type(handler) is logging.StreamHandler and not handler.filters:
-                text = "".join(handler.format(r) + handler.terminator for r in batch)
+            if handler.level > logging.INFO:
+                continue
+            if type(handler) is logging.StreamHandler:
+                direct = self._direct(handler)
+                if direct is not None:
+                    text = "".join(direct(rec) for rec in pending)
+                else:
+                    batch = batch or [_log_record(rec) for rec in pending]
+                    text = "".join(handler.format(r) + handler.terminator for r in batch)
                 handler.acquire()
                 try:
                     handler.stream.write(text)
@@ -200,20 +240,41 @@ class RequestLog:
                 finally:
                     handler.release()
             else:
+                batch = batch or [_log_record(rec) for rec in pending]
                 for record in batch:
-                    if record.levelno >= handler.level:
-                        handler.handle(record)
+                    handler.handle(record)
 
-    def recent(self, model: str | None = None, limit: int | None = None) -> Iterator[AccessRecord]:
-        """Newest first; only ``model``'s when given."""
+    def _direct(self, handler: logging.StreamHandler[Any]) -> LineFormat | None:
+        """`direct_format` for ``handler``, worked out again only when its formatter
+        changes (the config file may set another after start-up)."""
+        key = (id(handler), id(handler.formatter), len(handler.filters))
+        if self._direct_key != key:
+            self._direct_key, self._direct_fn = key, direct_format(handler, log.name)
+        return self._direct_fn
+
+    def recent(
+        self,
+        model: str | None = None,
+        limit: int | None = None,
+        kinds: frozenset[str] = DEFAULT_KINDS,
+    ) -> Iterator[AccessRecord]:
+        """Newest first; only ``model``'s when given, only records of ``kinds``."""
         count = 0
-        for rec in reversed(self._ring):
-            if model and rec.model != model:
+        if "local" in kinds:
+            found = sorted((*self._ring, *self._local), key=_ended)
+        else:
+            found = list(self._ring)
+        for rec in reversed(found):
+            if rec.kind not in kinds or (model and rec.model != model):
                 continue
             if limit is not None and count >= limit:
                 return
             count += 1
             yield rec
+
+
+def _ended(rec: AccessRecord) -> float:
+    return rec.time + rec.duration
 
 
 _TEMPLATE: dict[str, object] | None = None

@@ -11,6 +11,7 @@ a fresh memory reading (`troupe.ops.state`), so they never go stale between even
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 
 import attrs
@@ -25,6 +26,7 @@ from prometheus_client import (
 
 from troupe.api import PROXY_GET_PATHS, PROXY_POST_PATHS, strip_prefix
 from troupe.ops.access import AccessRecord
+from troupe.ops.request_metrics import FastHistogram, RequestMetricsCollector
 from troupe.sched import Snapshot, Status
 from troupe.sched.events import (
     ChildExited,
@@ -55,6 +57,7 @@ _KNOWN_ROUTES = PROXY_POST_PATHS | PROXY_GET_PATHS | {"/props", "/metrics", "/v1
 _KNOWN_ROUTES |= {"/api/chat", "/api/generate", "/api/embed", "/api/embeddings"}
 
 
+@functools.lru_cache(maxsize=512)  # twice per request; paths are the API's, bounded
 def route_label(path: str, prefix: str) -> str:
     """The proxied route, bounded: ``/slots/3`` is ``/slots/:id``, anything else ``other``."""
     route = strip_prefix(path, prefix) or path
@@ -112,59 +115,52 @@ class RouterMetrics:
             ["model"],
             registry=reg,
         )
-        self.queue_wait = Histogram(
+        fast = RequestMetricsCollector(reg)  # observed per request: no locks
+        self.queue_wait = fast.histogram(
             "troupe_queue_wait_seconds",
             "How long a request waited for its model, by outcome: granted, failed, cancelled",
             ["model", "outcome"],
-            buckets=WAIT_BUCKETS,
-            registry=reg,
+            WAIT_BUCKETS,
         )
-        self.requests = Counter(
+        self.requests = fast.counter(
             "troupe_proxied_requests",
             "Requests relayed to a child, by route and the status answered",
             ["route", "status"],
-            registry=reg,
         )
-        self.bytes = Counter(
+        self.bytes = fast.counter(
             "troupe_relayed_bytes",
             "Bytes relayed: request bodies to children, response bodies to clients",
             ["route", "direction"],
-            registry=reg,
         )
-        self.request_seconds = Histogram(
+        self.request_seconds = fast.histogram(
             "troupe_request_duration_seconds",
             "Proxied requests from arrival to the last byte (waits included), by model, "
             "route and status",
             ["model", "route", "status"],
-            buckets=REQUEST_BUCKETS,
-            registry=reg,
+            REQUEST_BUCKETS,
         )
-        self.ttft_seconds = Histogram(
+        self.ttft_seconds = fast.histogram(
             "troupe_request_first_token_seconds",
             "From arrival to a stream's first event (its first token), or a whole "
             "answer's first byte, by model, route and status",
             ["model", "route", "status"],
-            buckets=TTFT_BUCKETS,
-            registry=reg,
+            TTFT_BUCKETS,
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = fast.counter(
             "troupe_prompt_tokens",
             "Prompt tokens the children reported (usage, timings), by model",
             ["model"],
-            registry=reg,
         )
-        self.completion_tokens = Counter(
+        self.completion_tokens = fast.counter(
             "troupe_completion_tokens",
             "Generated tokens the children reported, by model",
             ["model"],
-            registry=reg,
         )
-        self.speed = Histogram(
+        self.speed = fast.histogram(
             "troupe_generation_tokens_per_second",
             "Generation speed per request, as the child timed it (predicted_per_second)",
             ["model"],
-            buckets=SPEED_BUCKETS,
-            registry=reg,
+            SPEED_BUCKETS,
         )
         self.swaps = Counter(
             "troupe_swaps",
@@ -230,7 +226,11 @@ class RouterMetrics:
             outcome = "failed"
             raise
         finally:
-            self.queue_wait.labels(model, outcome).observe(max(0.0, self._clock() - started))
+            self.queue_wait.child(model, outcome).observe(max(0.0, self._clock() - started))
+
+    def observe_queue_wait(self, model: str, outcome: str, waited: float) -> None:
+        """A request's wait for its model ended (granted, failed or cancelled)."""
+        self.queue_wait.child(model, outcome).observe(max(0.0, waited))
 
     def observe_relay(
         self, path: str, status: int, request_bytes: int, response_bytes: int
@@ -238,44 +238,40 @@ class RouterMetrics:
         """One relayed request, as it ends: its status and the body bytes both ways."""
         route = route_label(path, self.prefix)
         self.relayed_total += 1
-        self.requests.labels(route, str(status)).inc()
+        self.requests.inc((route, str(status)))
         if request_bytes:
-            self.bytes.labels(route, "request").inc(request_bytes)
+            self.bytes.inc((route, "request"), request_bytes)
         if response_bytes:
-            self.bytes.labels(route, "response").inc(response_bytes)
+            self.bytes.inc((route, "response"), response_bytes)
 
     def observe_request(self, rec: AccessRecord) -> None:
         """One proxied request, as it ends (`troupe.ops.access.RequestLog`'s listener)."""
         model = rec.model if rec.catalogued else OTHER_MODEL
         key = (model, rec.route, rec.status)
         series = self._series.get(key)
-        if series is None:  # labels() checks and locks: once per label set, not per request
+        if series is None:  # the label set's histograms, found once
             status = str(rec.status)
             series = self._series[key] = _RequestSeries(
-                self.request_seconds.labels(model, rec.route, status),
-                self.ttft_seconds.labels(model, rec.route, status),
-                self.prompt_tokens.labels(model),
-                self.completion_tokens.labels(model),
-                self.speed.labels(model),
+                self.request_seconds.child(model, rec.route, status),
+                self.ttft_seconds.child(model, rec.route, status),
+                self.speed.child(model),
             )
         series.duration.observe(rec.duration)
         first = rec.ttft if rec.ttft is not None else rec.ttfb
         if first is not None:
             series.first.observe(first)
         if rec.prompt_tokens:
-            series.prompt.inc(rec.prompt_tokens)
+            self.prompt_tokens.inc((model,), rec.prompt_tokens)
         if rec.completion_tokens:
-            series.completion.inc(rec.completion_tokens)
+            self.completion_tokens.inc((model,), rec.completion_tokens)
         if rec.tokens_per_second is not None:
             series.speed.observe(rec.tokens_per_second)
 
 
 @attrs.frozen
 class _RequestSeries:
-    """One label set's children of the request metrics."""
+    """One label set's request histograms."""
 
-    duration: Histogram
-    first: Histogram
-    prompt: Counter
-    completion: Counter
-    speed: Histogram
+    duration: FastHistogram
+    first: FastHistogram
+    speed: FastHistogram

@@ -108,6 +108,7 @@ async def response_create(session: Session, data: Event) -> None:
             await run.run()
         finally:
             session.response = None
+            session.count_usage(run.out.usage)
 
     session.start(respond)
 

@@ -14,13 +14,17 @@ from functools import partial
 from typing import Protocol
 from urllib.parse import parse_qsl
 
+import trio
+
 from troupe.api import JSON_TYPE, strip_prefix
 from troupe.catalog import ModelEntry
+from troupe.http import access
 from troupe.http.errors import NOT_FOUND_BODY, failure_body, middleware_error_body
 from troupe.http.keys import ring_for
 from troupe.http.models_json import architecture_of
 from troupe.http.proxy_routes import autoload_flag, validate_model
 from troupe.http.respond import retry_after
+from troupe.ops.access import AccessRecord
 from troupe.realtime.config import SessionConfig
 from troupe.realtime.events import RealtimeError
 from troupe.realtime.lease import ChildCall
@@ -98,38 +102,58 @@ async def _ping(conn: Connection) -> None:
 
 
 async def serve_realtime(ctx: Router, request: WebSocketRequest) -> None:
-    """Serve one WebSocket upgrade: refuse it as HTTP, or run a realtime session."""
+    """Serve one WebSocket upgrade: refuse it as HTTP, or run a realtime session; either
+    way one access record (kind "realtime") when it ends."""
+    started = trio.current_time()
+    rec = access.realtime_record(ctx, access.UPGRADE_CLIENT.get(), request.path, started)
+    try:
+        await _serve(ctx, request, rec)
+    finally:
+        access.finish_realtime(ctx, rec, started)
+
+
+async def _serve(ctx: Router, request: WebSocketRequest, rec: AccessRecord) -> None:
     path, _, query = request.path.partition("?")
     params: dict[str, str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True):
         params.setdefault(key, value)
+    rec.model = params.get("model", "")
+
+    async def reject(
+        status: int, message: str, body: bytes, extra: Sequence[tuple[bytes, bytes]] = ()
+    ) -> None:
+        rec.status, rec.error = status, message
+        await _reject(request, status, body, extra)
+
     if not ctx.ready:
         body = middleware_error_body("Loading model", "unavailable_error", 503)
-        await _reject(request, 503, body)
+        await reject(503, "Loading model", body)
         return
     api_key = client_key(request)
     keys = ring_for(ctx.settings)
     if keys and keys.match(api_key or "") is None:
         log.warning("unauthorized: Invalid API Key")
         body = middleware_error_body("Invalid API Key", "authentication_error", 401)
-        await _reject(request, 401, body)
+        await reject(401, "Invalid API Key", body)
         return
     if strip_prefix(path, ctx.settings.api_prefix) not in REALTIME_PATHS:
-        await _reject(request, 404, NOT_FOUND_BODY)
+        await reject(404, "File Not Found", NOT_FOUND_BODY)
         return
     intent = params.get("intent", "")
     if intent not in ("", "transcription"):
-        body = failure_body(Failure.bad_request(f"unknown intent '{intent}'"))
-        await _reject(request, 400, body)
+        failure = Failure.bad_request(f"unknown intent '{intent}'")
+        await reject(400, failure.message, failure_body(failure))
         return
     autoload = autoload_flag(params, ctx.settings.models_autoload)
     checked = validate_model(ctx, params.get("model", ""), autoload)
     if isinstance(checked, Failure):
-        await _reject(request, checked.status, failure_body(checked), retry_after(checked))
+        await reject(checked.status, checked.message, failure_body(checked), retry_after(checked))
         return
     entry = checked
+    rec.model, rec.catalogued = entry.name, True
     subprotocol = "realtime" if "realtime" in request.proposed_subprotocols else None
     conn = await request.accept(subprotocol=subprotocol)
+    rec.status = 101
     kind = "transcription" if intent else "realtime"
     config = SessionConfig(kind=kind, model=entry.name)
     if kind == "transcription":
@@ -148,7 +172,19 @@ async def serve_realtime(ctx: Router, request: WebSocketRequest) -> None:
     except Exception:
         # One_for_one: a bug here ends this session, with an error, and nothing else.
         log.exception("realtime session for %s failed", entry.name)
+        rec.error = "internal error in troupe's realtime session"
         error = RealtimeError("internal error in troupe's realtime session", type_="server_error")
         with contextlib.suppress(Exception):  # the client may be gone already
             await session.emit_error(error)
             await conn.aclose(1011, "internal error")
+    finally:
+        rec.prompt_tokens, rec.completion_tokens = session.tokens
+        rec.bytes_in, rec.bytes_out = session.bytes_in, session.bytes_out
+        rec.close_code = _close_code(conn)
+
+
+def _close_code(conn: Connection) -> int | None:
+    """The WebSocket close code, once either side has closed (trio-websocket's)."""
+    closed = getattr(conn, "closed", None)
+    code = getattr(closed, "code", None)
+    return code if isinstance(code, int) else None

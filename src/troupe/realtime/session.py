@@ -94,6 +94,18 @@ class Session:
         self.response: Any = None  # the running ResponseRun, if any
         self._ids = Ids()
         self._nursery: trio.Nursery | None = None
+        # For the session's access record: tokens the child reported (input, output)
+        # over its responses, message bytes each way.
+        self.tokens: tuple[int, int] = (0, 0)
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def count_usage(self, usage: Event | None) -> None:
+        """A response ended: add the tokens its ``usage`` (the Realtime API's) counts."""
+        if usage:
+            inp, out = self.tokens
+            self.tokens = (inp + int(usage.get("input_tokens") or 0),
+                           out + int(usage.get("output_tokens") or 0))  # fmt: skip
 
     # ----- the actor ---------------------------------------------------------------------
 
@@ -120,6 +132,7 @@ class Session:
                 except ConnectionClosed:
                     return
                 self.last_heard = trio.current_time()
+                self.bytes_in += len(message.encode() if isinstance(message, str) else message)
                 await inbox.send(message)
 
     async def _close_on_stop(self, stop: trio.Event) -> None:
@@ -163,8 +176,10 @@ class Session:
 
     async def emit(self, event: Event) -> None:
         event["event_id"] = self._ids.event()
+        text = dumps(event)
+        self.bytes_out += len(text.encode())
         try:
-            await self.conn.send_message(dumps(event))
+            await self.conn.send_message(text)
         except ConnectionClosed:
             # The client is gone: the session ends here, whichever task was sending.
             self.cancel()

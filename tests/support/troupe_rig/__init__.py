@@ -80,6 +80,8 @@ def write_fake_engine(
     knobs still override it. The script also puts the rig's own directory on
     ``PYTHONPATH``, so it works whether the rig is installed or not.
     """
+    from troupe_rig.fake_engine.responses import VERSION  # noqa: PLC0415  (the fake's own)
+
     path = Path(directory) / name
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in (env or {}).items())
     script = (
@@ -87,6 +89,11 @@ def write_fake_engine(
         "# fake llama-server for troupe's tests (troupe_rig.write_fake_engine)\n"
         f'export PYTHONPATH={shlex.quote(str(_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
         f"{exports}"
+        # `ARGS... --version` is troupe's check of a model's flags: the fake refuses no
+        # value, so it answers at once (a Python start-up per section slows every router).
+        'if [ "$#" -gt 1 ]; then eval "last=\\${$#}"; if [ "$last" = "--version" ]; then\n'
+        f"  printf 'version: {VERSION} (build 0, commit fake)\\nbuilt with fake for Linux\\n' >&2\n"
+        "  exit 0\nfi; fi\n"
         f'exec {" ".join(shlex.quote(a) for a in fake_engine_argv())} "$@"\n'
     )
     path.parent.mkdir(parents=True, exist_ok=True)
