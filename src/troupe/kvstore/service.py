@@ -288,7 +288,14 @@ class KvService:
                     ids = [s["id"] for s in slots if isinstance(s.get("id"), int)]
                     served = {s["id"] for s in slots if "id_task" in s}
                     once.map = SlotMap(gen, ids, served, keeps=self._keeps.get(model, True))
-            except (OSError, EngineCallFailed, TypeError, AttributeError) as exc:
+                if once.map is None and self._maps.get(model) is pending:
+                    del self._maps[model]  # too slow to answer now: the next request asks again
+            except OSError as exc:
+                about(log, model).info("KV: cannot read its slots (asked again later): %s", exc)
+                if self._maps.get(model) is pending:
+                    del self._maps[model]
+            except (EngineCallFailed, TypeError, AttributeError) as exc:
+                # It refuses (--no-slots) or answers nonsense: this child is not steered.
                 about(log, model).info("KV: no slot steering, cannot read its slots: %s", exc)
             finally:
                 once.done.set()
