@@ -287,7 +287,7 @@ class KvService:
                     slots = await call(port, "GET", "/slots")
                     ids = [s["id"] for s in slots if isinstance(s.get("id"), int)]
                     served = {s["id"] for s in slots if "id_task" in s}
-                    once.map = SlotMap(gen, ids, served, keeps=self._keeps.get(model, True))
+                    once.map = SlotMap(ids, served, keeps=self._keeps.get(model, True))
                 if once.map is None and self._maps.get(model) is pending:
                     del self._maps[model]  # too slow to answer now: the next request asks again
             except OSError as exc:

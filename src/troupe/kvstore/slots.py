@@ -70,15 +70,11 @@ class SlotMap:
     ``--no-cache-idle-slots``); otherwise its engine clears idle slots when a task starts,
     and only slots that never served are claimed (a restore into them is all there is)."""
 
-    def __init__(self, gen: int, ids: list[int], served: set[int], keeps: bool = True) -> None:
-        self.gen = gen
+    def __init__(self, ids: list[int], served: set[int], keeps: bool = True) -> None:
         self.keeps = keeps
         # A slot that served before the map existed holds something we cannot name.
         self._slots = {i: _Slot(i, text=None if i in served else "") for i in ids}
         self._freed = trio.Event()
-
-    def __len__(self) -> int:
-        return len(self._slots)
 
     def choose(self, conv: str, text: str) -> Claim | None:
         """The slot for a request (``conv`` may be ""), marked busy; None when every slot is

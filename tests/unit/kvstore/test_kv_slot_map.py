@@ -24,7 +24,7 @@ async def turn(slots: SlotMap, text: str, conv: str = "") -> tuple[int, bool, bo
 
 
 async def test_a_conversation_keeps_its_slot_and_the_least_recently_used_one_is_taken() -> None:
-    slots = SlotMap(0, [0, 1], served=set())
+    slots = SlotMap([0, 1], served=set())
     assert await turn(slots, A) == (0, False, False)  # empty slots first: nothing to save
     assert await turn(slots, B) == (1, False, False)
     assert await turn(slots, A + " and then") == (0, True, False)  # its own slot
@@ -36,7 +36,7 @@ async def test_a_conversation_keeps_its_slot_and_the_least_recently_used_one_is_
 
 
 async def test_a_shared_beginning_is_not_a_conversation_of_its_own() -> None:
-    slots = SlotMap(0, [0, 1], served=set())
+    slots = SlotMap([0, 1], served=set())
     first = SYSTEM + A
     assert await turn(slots, first) == (0, False, False)
     # Same system prompt, another conversation: shares less than half of slot 0's text.
@@ -45,7 +45,7 @@ async def test_a_shared_beginning_is_not_a_conversation_of_its_own() -> None:
 
 
 async def test_a_conversation_id_wins_over_the_text() -> None:
-    slots = SlotMap(0, [0, 1], served=set())
+    slots = SlotMap([0, 1], served=set())
     assert await turn(slots, A, conv="x") == (0, False, False)
     # Another id with the same text is another conversation.
     assert await turn(slots, A, conv="y") == (1, False, False)
@@ -53,13 +53,13 @@ async def test_a_conversation_id_wins_over_the_text() -> None:
 
 
 async def test_slots_that_served_before_the_map_are_saved_before_they_are_taken() -> None:
-    slots = SlotMap(0, [0, 1], served={0})
+    slots = SlotMap([0, 1], served={0})
     assert await turn(slots, A) == (1, False, False)  # the empty one first
     assert await turn(slots, B) == (0, False, True)  # unknown content: saved first
 
 
 async def test_a_request_that_is_not_answered_leaves_its_slot_idle_and_unknown() -> None:
-    slots = SlotMap(0, [0], served=set())
+    slots = SlotMap([0], served=set())
     claim = slots.choose("", A)
     assert claim is not None
     assert slots.choose("", B) is None  # busy
@@ -72,7 +72,7 @@ async def test_a_request_that_is_not_answered_leaves_its_slot_idle_and_unknown()
 async def test_a_waiting_claim_gets_the_slot_once_it_is_released_and_a_cancelled_one_nothing() -> (
     None
 ):
-    slots = SlotMap(0, [0], served=set())
+    slots = SlotMap([0], served=set())
     first = slots.choose("", A)
     assert first is not None
     got: list[int] = []
@@ -102,7 +102,7 @@ async def test_a_waiting_claim_gets_the_slot_once_it_is_released_and_a_cancelled
 
 
 async def test_without_kept_idle_slots_only_empty_slots_are_claimed() -> None:
-    slots = SlotMap(0, [0, 1], served=set(), keeps=False)
+    slots = SlotMap([0, 1], served=set(), keeps=False)
     assert await turn(slots, A) == (0, False, False)
     assert await turn(slots, B) == (1, False, False)
     assert await slots.claim("", A + " and then") is None  # not steered: no waiting
