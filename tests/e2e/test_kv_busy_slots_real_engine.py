@@ -129,7 +129,7 @@ async def test_a_full_disk_costs_a_restore_never_a_request(
         assert not (slot_dir / "full.bin").is_symlink()  # nothing of it stays
         monkeypatch.undo()
         # Served, with nothing of the store (the engine's own RAM cache may still hold it).
-        back = await complete(r, "a", later(one, first))
+        await complete(r, "a", later(one, first))
         assert await metric(r, "troupe_kv_lookups_total", model="a", result="hit") == 0
         assert await metric(r, "troupe_kv_restores_total", model="a", result="restored") == 0
     # Its shutdown saved the last conversation: every file has its sidecar, and nothing
