@@ -223,6 +223,9 @@ class KvService:
         if not isinstance(request, dict) or ident is None or kind is None:
             yield body
             return
+        if _several_tasks(request):  # the engine spreads them over slots itself
+            yield body
+            return
         slots = await self._slot_map(model, gen, port)
         chosen = request.get("id_slot", -1)
         if slots is None or chosen != -1:
@@ -307,3 +310,11 @@ class KvService:
         entries, size = self.store.usage(model)
         self.metrics.stored_entries.labels(model).set(entries)
         self.metrics.stored_bytes.labels(model).set(size)
+
+
+def _several_tasks(request: dict[str, Any]) -> bool:
+    """A request the engine runs as several tasks (prompts in a list, ``n`` > 1): held
+    on one slot they would run one after another."""
+    prompt = request.get("prompt")
+    batch = isinstance(prompt, list) and any(not isinstance(p, int) for p in prompt)
+    return batch or request.get("n", 1) not in (1, None)
