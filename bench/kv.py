@@ -11,11 +11,14 @@ next turn again. Time to first token of a streamed completion (temperature 0), t
 tokens the engine evaluated (``timings.prompt_n``), and whether the answer after the
 swap is the same words in every router. Ratios are from one run side by side.
 
-Then ``--busy N`` conversations (default 12) interleaved over one child with 4 slots:
-each one's first turn, then each one's next turn, the mean time to first token of the
-next turns. troupe does not steer conversations to slots of a running child (the
-engine's own RAM prompt cache, ``--cache-ram``, holds the idle ones): this shows what
-the engine does alone, through each router.
+Then ``--busy N`` conversations (default 12) interleaved over one child with 4 slots
+(the engine's auto ``--parallel``): each one's first turn, then each one's next turn in
+the same order, the mean time to first token of the next turns and the tokens the
+engine evaluated, side by side and as ratios. troupe with its store keeps each
+conversation on its slot while it can, saves the least recently used idle slot before
+another conversation takes it and restores a returning one first; without it (and in
+the C++ router) the engine alone decides (its RAM prompt cache, ``--cache-ram``, and
+``--cache-idle-slots``). Whether each next turn's answer is the same in every router.
 
     .venv/bin/python bench/kv.py [--tokens 1000] [--ctx 4096]
 """
@@ -148,12 +151,17 @@ def busy(kind: str, engine: Path, tmp: Path, ctx: int, conversations: int) -> di
         for i, turn in enumerate(turns):
             _, text, _ = stream(url, "gemma-a", turn)
             turns[i] = turn + text + "\n\nLater"
-        seconds, evaluated = [], []
+        seconds, evaluated, texts = [], [], []
         for turn in turns:
-            first, _, tm = stream(url, "gemma-a", turn)
+            first, text, tm = stream(url, "gemma-a", turn)
             seconds.append(first)
             evaluated.append(tm.get("prompt_n") or 0)
-    return {"mean": sum(seconds) / len(seconds), "evaluated": sum(evaluated) / len(evaluated)}
+            texts.append(text)
+    return {
+        "mean": sum(seconds) / len(seconds),
+        "evaluated": sum(evaluated) / len(evaluated),
+        "texts": texts,
+    }
 
 
 def main() -> int:
@@ -161,6 +169,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=1000, help="conversation length (about)")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--busy", type=int, default=12, help="conversations over 4 slots (0: skip)")
+    ap.add_argument("--busy-only", action="store_true", help="only the busy-slots part")
     args = ap.parse_args()
     engine, _ = find_engine()
     with tempfile.TemporaryDirectory(prefix="bench-kv-") as d:
@@ -170,40 +179,60 @@ def main() -> int:
         for name in ("gemma-a", "gemma-b"):
             (tmp / "models" / f"{name}.gguf").symlink_to(gemma)
         history = PARAGRAPH * max(1, args.tokens // 32)
-        results = {k: run(k, engine, tmp, args.ctx, history) for k in ("store", "off", "cpp")}
-        crowd = {k: busy(k, engine, tmp, args.ctx, args.busy) for k in results} if args.busy else {}
+        kinds = ("store", "off", "cpp")
+        results = (
+            {} if args.busy_only else {k: run(k, engine, tmp, args.ctx, history) for k in kinds}
+        )
+        crowd = {k: busy(k, engine, tmp, args.ctx, args.busy) for k in kinds} if args.busy else {}
     names = {"store": "troupe (store)", "off": "troupe (--kv-store off)", "cpp": "C++ router"}
-    n = results["store"]["cold"][1]
-    print(f"Gemma 3 270M, -c {args.ctx}, --models-max 1, conversation of {n} tokens;")
-    print("time to first token (tokens the engine evaluated)")
-    print(f"{'':16}" + "".join(f"{names[k]:>26}" for k in results))
-    for row in ("cold", "warm", "after swap", "after restart"):
-        cells = []
-        for got in (r.get(row) for r in results.values()):
-            cells.append(f"{got[0] * 1000:>13.0f} ms ({got[1]:>5})" if got else f"{'-':>26}")
-        print(f"{row:16}" + "".join(f"{c:>26}" for c in cells))
-    print(f"{'load back':16}" + "".join(f"{results[k]['load'] * 1000:>20.0f} ms" for k in results))
-    for k in results:
-        ratio = results[k]["after swap"][0] / results[k]["warm"][0]
-        print(f"after swap / warm, {names[k]}: {ratio:.2f}x")
-    store = results["store"]
-    restart = store["after restart"][0] / store["warm"][0]
-    print(f"after restart / warm, troupe (store): {restart:.2f}x")
-    cpp = results["cpp"]["after swap"][0]
-    print(f"after swap, troupe (store) / C++ router: {store['after swap'][0] / cpp:.2f}x")
-    print(f"after swap, troupe (off) / C++ router: {results['off']['after swap'][0] / cpp:.2f}x")
+    same = True
+    if results:
+        n = results["store"]["cold"][1]
+        print(f"Gemma 3 270M, -c {args.ctx}, --models-max 1, conversation of {n} tokens;")
+        print("time to first token (tokens the engine evaluated)")
+        print(f"{'':16}" + "".join(f"{names[k]:>26}" for k in results))
+        for row in ("cold", "warm", "after swap", "after restart"):
+            cells = []
+            for got in (r.get(row) for r in results.values()):
+                cells.append(f"{got[0] * 1000:>13.0f} ms ({got[1]:>5})" if got else f"{'-':>26}")
+            print(f"{row:16}" + "".join(f"{c:>26}" for c in cells))
+        print(
+            f"{'load back':16}" + "".join(f"{results[k]['load'] * 1000:>20.0f} ms" for k in results)
+        )
+        for k in results:
+            ratio = results[k]["after swap"][0] / results[k]["warm"][0]
+            print(f"after swap / warm, {names[k]}: {ratio:.2f}x")
+        store = results["store"]
+        restart = store["after restart"][0] / store["warm"][0]
+        print(f"after restart / warm, troupe (store): {restart:.2f}x")
+        cpp = results["cpp"]["after swap"][0]
+        print(f"after swap, troupe (store) / C++ router: {store['after swap'][0] / cpp:.2f}x")
+        print(
+            f"after swap, troupe (off) / C++ router: {results['off']['after swap'][0] / cpp:.2f}x"
+        )
     if crowd:
         print(f"{args.busy} conversations over 4 slots, the next turn of each: mean time to "
               "first token (mean tokens evaluated)")  # fmt: skip
         for k, got in crowd.items():
             print(f"  {names[k]:24} {got['mean'] * 1000:8.0f} ms ({got['evaluated']:.0f})")
-        ratio = crowd["store"]["mean"] / crowd["cpp"]["mean"]
-        print(f"  troupe (store) / C++ router: {ratio:.2f}x")
-    same = len({r["text"] for r in results.values()}) == 1
-    print(f"same answer after the swap in every router: {'yes' if same else 'NO'}")
-    if not same:
-        for k, r in results.items():
-            print(f"  {names[k]}: {r['text']!r}")
+        cpp_mean = crowd["cpp"]["mean"]
+        for k in ("store", "off"):
+            print(f"  {names[k]} / C++ router: {crowd[k]['mean'] / cpp_mean:.2f}x")
+        print(
+            f"  troupe (store) / troupe (off): {crowd['store']['mean'] / crowd['off']['mean']:.2f}x"
+        )
+        differ = [i for i, t in enumerate(zip(*(c["texts"] for c in crowd.values()), strict=True))
+                  if len(set(t)) > 1]  # fmt: skip
+        print(f"  same next-turn answers in every router: {'yes' if not differ else 'NO'}")
+        for i in differ:
+            print(f"    conversation {i}: " + ", ".join(f"{names[k]} {c['texts'][i]!r}"
+                                                      for k, c in crowd.items()))  # fmt: skip
+    if results:
+        same = len({r["text"] for r in results.values()}) == 1
+        print(f"same answer after the swap in every router: {'yes' if same else 'NO'}")
+        if not same:
+            for k, r in results.items():
+                print(f"  {names[k]}: {r['text']!r}")
     return 0 if same else 1
 
 

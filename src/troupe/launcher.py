@@ -150,7 +150,7 @@ class ChildLauncher:
         for e in catalog:
             args = catalog.child_args(e, 0, bin_path=str(self.engine.path))
             fp = fingerprint(self._layout(e, args))
-            swa_full = self.kv is not None and self._uses_swa(e)  # the store adds it
+            swa_full = self._kv(e) is not None and self._uses_swa(e)  # the store adds it
             need = self.observed.get(e.name, fp) or model_need(
                 e, self.facts, self.gpus, swa_full=swa_full
             )
@@ -187,7 +187,7 @@ class ChildLauncher:
         # The configured port, even 0 (upstream); its presence is what makes a child a child.
         env["LLAMA_SERVER_ROUTER_PORT"] = str(self.settings.port)
 
-        kv = self.kv
+        kv = self._kv(entry)
 
         def argv(port: int) -> list[str]:
             args = self.render_args(entry, port)
@@ -195,6 +195,8 @@ class ChildLauncher:
                 args += cpu_flags(cpu, lambda flag: entry.preset.get_spelling(flag) is not None)
             if kv is not None:
                 args = kv.launch_args(model, args, self._uses_swa(entry))
+            elif self.kv is not None:  # its preset says kv-store = off
+                self.kv.leave_out(model)
             self._last_args[model] = args
             return args
 
@@ -225,14 +227,18 @@ class ChildLauncher:
             # A projection computes nothing worth a second thread (it stops before the
             # weights load): one thread, so it never competes with a child that serves.
             args += ["--threads", "1", "--threads-batch", "1"]
-        if self.kv is not None:  # the KV layout its child will have (--swa-full's memory)
-            args = self.kv.measure_args(args, self._uses_swa(entry))
+        if self._kv(entry) is not None:  # the KV layout its child will have (--swa-full)
+            args = KvService.measure_args(args, self._uses_swa(entry))
         return args, dict(self.environ)
 
     def _layout(self, entry: ModelEntry, args: list[str]) -> list[str]:
         """``args`` with what the KV store adds to the KV layout (``--swa-full``): memory
         measured or seen under one layout does not hold for the other."""
-        return self.kv.measure_args(args, self._uses_swa(entry)) if self.kv else args
+        return KvService.measure_args(args, self._uses_swa(entry)) if self._kv(entry) else args
+
+    def _kv(self, entry: ModelEntry) -> KvService | None:
+        """The KV store, unless ``--kv-store off`` or the model's preset has ``kv-store = off``."""
+        return self.kv if entry.kv_store else None
 
     def _uses_swa(self, entry: ModelEntry) -> bool:
         """Sliding-window attention: a restored slot is reused only with --swa-full."""

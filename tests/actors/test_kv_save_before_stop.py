@@ -65,3 +65,33 @@ async def test_with_the_store_off_a_child_has_no_save_and_no_slot_path(
         entry = router.ctx.catalog.get("a")
         assert entry is not None
         assert "--slot-save-path" not in router.ctx.status_args(entry)
+
+
+async def test_a_model_whose_preset_says_kv_store_off_is_left_out(
+    fake_router: RouterFactory,
+) -> None:
+    async with fake_router({"a": {"kv-store": "off"}, "b": {}}) as router:
+        kv = router.ctx.kv
+        assert kv is not None
+        saved: list[str] = []
+
+        async def record(model: str, port: int) -> None:
+            saved.append(model)
+
+        kv.save_slots = record  # type: ignore[method-assign]
+        for name in ("a", "b"):
+            await router.ctx.scheduler.load(name)
+            await router.wait_for_status(name, Status.LOADED)
+        args = {}
+        for name in ("a", "b"):
+            entry = router.ctx.catalog.get(name)
+            assert entry is not None
+            args[name] = router.ctx.status_args(entry)
+        assert "--slot-save-path" not in args["a"]
+        assert "--no-cache-idle-slots" not in args["a"]
+        assert "--slot-save-path" in args["b"]
+        assert "--no-cache-idle-slots" in args["b"]
+        for name in ("a", "b"):
+            await router.ctx.scheduler.unload(name)
+            await router.wait_for_status(name, Status.UNLOADED)
+        assert saved == ["b"]  # a's stop saves nothing

@@ -76,8 +76,9 @@ def _normalise_models(body: dict[str, Any]) -> dict[str, Any]:
             if "--slot-save-path" in args:
                 i = args.index("--slot-save-path")
                 del args[i : i + 2]
-            if "--swa-full" in args:
-                args.remove("--swa-full")
+            for added in ("--swa-full", "--no-cache-idle-slots"):
+                if added in args:
+                    args.remove(added)
         if "--port" in args:
             args[args.index("--port") + 1] = "PORT"
     return body

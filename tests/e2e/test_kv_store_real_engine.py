@@ -18,6 +18,7 @@ import pytest
 
 from troupe.demo import assemble_demo_model
 from troupe.kvstore import service
+from troupe_rig.kv import chat, complete, kv_of, metric, text_of
 from troupe_rig.router import RunningRouter, open_router, write_preset
 
 pytestmark = pytest.mark.engine
@@ -70,58 +71,11 @@ def _remember_engine(engine_path: Path) -> None:
     _ENGINE[:] = [str(engine_path)]
 
 
-async def chat(
-    r: RunningRouter, model: str, messages: list[dict[str, str]], **extra: object
-) -> dict[str, Any]:
-    async with r.client(timeout=120) as http:
-        body = {"model": model, "messages": messages, "max_tokens": 6, "temperature": 0}
-        body.update(extra)
-        resp = await http.post("/v1/chat/completions", json=body)
-        assert resp.status_code == 200, resp.text
-        out: dict[str, Any] = resp.json()
-        return out
-
-
-async def complete(r: RunningRouter, model: str, prompt: str, **extra: object) -> dict[str, Any]:
-    async with r.client(timeout=120) as http:
-        body = {"model": model, "prompt": prompt, "max_tokens": 6, "temperature": 0}
-        body.update(extra)
-        resp = await http.post("/v1/completions", json=body)
-        assert resp.status_code == 200, resp.text
-        out: dict[str, Any] = resp.json()
-        return out
-
-
-async def kv_of(r: RunningRouter, model: str) -> dict[str, int]:
-    async with r.client() as http:
-        data = (await http.get("/models")).json()["data"]
-    found: dict[str, int] = {m["id"]: m for m in data}[model]["troupe"]["kv"]
-    return found
-
-
-async def metric(r: RunningRouter, name: str, **labels: str) -> float:
-    async with r.client() as http:
-        text = (await http.get("/metrics")).text
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            head, value = line.rsplit(" ", 1)
-            got = ",".join(sorted(head[len(name) + 1 : -1].split(",")))
-            if got == want:
-                return float(value)
-    return 0.0
-
-
 async def slot_action(r: RunningRouter, action: str) -> tuple[int, Any]:
     async with r.client() as http:
         body = {"model": "a", "filename": "mine.bin"}
         resp = await http.post(f"/slots/0?action={action}", json=body)
         return resp.status_code, resp.json()
-
-
-def text_of(out: dict[str, Any]) -> str:
-    choice = out["choices"][0]
-    return str(choice["message"]["content"] if "message" in choice else choice["text"])
 
 
 def next_turn(first: dict[str, Any]) -> list[dict[str, str]]:

@@ -28,6 +28,7 @@ from troupe.catalog.preset import Preset
 from troupe.catalog.presetkeys import (
     DEDUP_CACHE_MODELS,
     DEFAULT_PRESET_KEYS,
+    KV_STORE,
     LOAD_ON_STARTUP,
     PIN,
     STOP_TIMEOUT,
@@ -266,6 +267,7 @@ def build_catalog(
             pin=bool(_parsed(preset, name, keys, PIN.key, False)),
             ttl=ttl if isinstance(ttl, int) else None,
             term_grace=float(_parsed(preset, name, keys, TERM_GRACE.key, 5.0)),  # type: ignore[arg-type]
+            kv_store=bool(_parsed(preset, name, keys, KV_STORE.key, True)),
             model_path=model_path,
             mmproj_path=mmproj_path,
         )

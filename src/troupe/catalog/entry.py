@@ -66,6 +66,7 @@ class ModelEntry:
     pin: bool = False  # troupe: never evicted for another model
     ttl: int | None = None  # troupe: idle seconds before unload; None: not set
     term_grace: float = 5.0  # troupe: seconds after SIGTERM before SIGKILL
+    kv_store: bool = True  # troupe: its conversations may go to the KV store (--kv-store)
     model_path: Path | None = None  # local model file (first shard), absolute, if known offline
     mmproj_path: Path | None = None  # projector the router would probe; None if none or disabled
     architecture: Architecture = Architecture()

@@ -3,9 +3,9 @@
 llama.cpp registers three (``common_params_add_preset_options``): ``load-on-startup``,
 ``stop-timeout`` and ``dedup-cache-models``, each with a pseudo environment name
 ``__PRESET_*`` that is also accepted as the key. troupe adds its own (``pin``,
-``ttl``) the same way: one `PresetOnlyKey` in `DEFAULT_PRESET_KEYS`. A key's
-raw value is kept in the preset (and shown in ``status.preset``); ``parse`` turns
-it into the typed value a `ModelEntry` carries.
+``ttl``, ``term-grace``, ``kv-store``) the same way: one `PresetOnlyKey` in
+`DEFAULT_PRESET_KEYS`. A key's raw value is kept in the preset (and shown in
+``status.preset``); ``parse`` turns it into the typed value a `ModelEntry` carries.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
-from troupe.catalog.values import is_truthy
+from troupe.catalog.values import is_falsey, is_truthy
 
 __all__ = [
     "DEDUP_CACHE_MODELS",
     "DEFAULT_PRESET_KEYS",
+    "KV_STORE",
     "LOAD_ON_STARTUP",
     "PIN",
     "STOP_TIMEOUT",
@@ -35,6 +36,14 @@ def _parse_raw(value: str) -> object:
 
 def _parse_truthy(value: str) -> object:
     return is_truthy(value)
+
+
+def _parse_on_off(value: str) -> object:
+    if is_truthy(value):
+        return True
+    if is_falsey(value):
+        return False
+    raise ValueError("expected on or off")
 
 
 def _parse_seconds(value: str) -> object:
@@ -119,6 +128,16 @@ TERM_GRACE = PresetOnlyKey(
     upstream=False,
 )
 
+KV_STORE = PresetOnlyKey(
+    "kv-store",
+    "__TROUPE_KV_STORE",
+    "on|off",
+    "troupe: off keeps this model out of the KV store (no slot files, saves or restores: "
+    "llama.cpp's behaviour), as --kv-store off does for every model",
+    _parse_on_off,
+    upstream=False,
+)
+
 
 @attrs.frozen
 class PresetKeys:
@@ -153,5 +172,5 @@ class PresetKeys:
 
 
 DEFAULT_PRESET_KEYS = PresetKeys(
-    (LOAD_ON_STARTUP, STOP_TIMEOUT, DEDUP_CACHE_MODELS, PIN, TTL, TERM_GRACE),
+    (LOAD_ON_STARTUP, STOP_TIMEOUT, DEDUP_CACHE_MODELS, PIN, TTL, TERM_GRACE, KV_STORE),
 )

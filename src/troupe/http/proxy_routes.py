@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import quote
@@ -207,18 +208,22 @@ async def _lease_and_relay(
             message = "This server does not support slots action. Start it with `--slot-save-path`"
             await ex.respond(501, error_body(message, "not_supported_error"))
             return
-        if ctx.kv is not None and ex.method == "POST":
-            # A stored conversation is restored into a slot of this child first (bounded;
-            # any trouble leaves the request as it came).
-            body = await ctx.kv.steer(grant.model, grant.gen, grant.port, ex.path, body)
-        await ctx.relay.relay(
-            ex,
-            child=grant,
-            body=body,
-            detached=bool(ticket) and grant.waited,
-            crash_detail=_crash_detail(ctx, grant.model),
-            report=report,
-        )
+        async with contextlib.AsyncExitStack() as stack:
+            if ctx.kv is not None and ex.method == "POST":
+                # Held on a slot of this child while it is relayed: its conversation's,
+                # or one whose conversation the store saved first, with this one's
+                # stored entry restored into it (bounded; any trouble leaves it as it came).
+                body = await stack.enter_async_context(
+                    ctx.kv.steered(grant.model, grant.gen, grant.port, ex.path, body, conv_id)
+                )
+            await ctx.relay.relay(
+                ex,
+                child=grant,
+                body=body,
+                detached=bool(ticket) and grant.waited,
+                crash_detail=_crash_detail(ctx, grant.model),
+                report=report,
+            )
     finally:
         await scheduler.release(rid)
 

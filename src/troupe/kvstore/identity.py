@@ -41,7 +41,16 @@ _NEUTRAL_WITH_VALUE = frozenset(
         "--sleep-idle-seconds",
     }
 )
-_NEUTRAL_FLAGS = frozenset({"--metrics", "--log-colors", "--no-webui", "--log-timestamps"})
+_NEUTRAL_FLAGS = frozenset(
+    {
+        "--metrics",
+        "--log-colors",
+        "--no-webui",
+        "--log-timestamps",
+        "--cache-idle-slots",  # where an idle slot's cells wait, not what they are
+        "--no-cache-idle-slots",
+    }
+)
 
 
 def _file_stamp(path: str) -> str:

@@ -14,7 +14,8 @@ class KvMetrics:
         reg = registry if registry is not None else CollectorRegistry()
         self.saves = Counter(
             "troupe_kv_saves",
-            "Slots saved before a stop, by result: saved, failed, abandoned (over the time bound)",
+            "Slots saved (before a stop, or before another conversation takes the slot), "
+            "by result: saved, failed, abandoned (over the time bound)",
             ["model", "result"],
             registry=reg,
         )
@@ -27,8 +28,8 @@ class KvMetrics:
         )
         self.lookups = Counter(
             "troupe_kv_lookups",
-            "Requests to a fresh child that had stored entries to match: hit (restored "
-            "and steered to the slot) or miss",
+            "Requests that took a slot for their conversation while stored entries could "
+            "match: hit (an entry restored into the slot) or miss",
             ["model", "result"],
             registry=reg,
         )

@@ -1,13 +1,14 @@
 """`KvService`: what the rest of troupe asks of the KV store.
 
-- the launcher: `launch_args` (``--slot-save-path``, ``--swa-full`` for SWA models)
-  and `measure_args` (the same KV layout, so the engine's projection counts it);
+- the launcher: `launch_args` (``--slot-save-path``, ``--swa-full`` for SWA models,
+  ``--no-cache-idle-slots`` so an idle slot keeps its cells) and `measure_args` (the
+  same KV layout, so the engine's projection counts it);
 - the instance actor's stop: `save_slots`, run before the exit command and bounded
   by the instance (a save that overruns is abandoned, the stop goes on);
-- the request path: `steer`, before a completion or chat request is proxied to a child
-  that has not had its entries offered yet: the stored entry sharing the longest token
-  prefix with the request's prompt is checked, restored into a slot never used, and the
-  request is sent to that slot (``id_slot``). Any trouble leaves the request as it was.
+- the request path: `steered`, around a completion or chat request proxied to a child:
+  the request is held on a slot of the child's `SlotMap` (its conversation's own, or one
+  it takes: the conversation there saved first, the stored entry sharing the longest
+  prefix with the prompt restored), and sent to it (``id_slot``).
 
 Entries are keyed by `kv_identity` of the child's exact argv, so they never cross into
 a child whose KV layout differs.
@@ -18,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -27,42 +29,27 @@ import trio
 from troupe.kvstore.engine_api import EngineCallFailed, call
 from troupe.kvstore.identity import kv_identity
 from troupe.kvstore.metrics import KvMetrics
-from troupe.kvstore.store import KvEntry, KvStore, checksum, describe, write_sidecar
+from troupe.kvstore.restore import prompt_tokens, restore_best, route
+from troupe.kvstore.slots import Claim, SlotMap, request_text
+from troupe.kvstore.store import KvEntry, KvStore, describe, write_sidecar
 from troupe.modellog import about
 
-__all__ = ["COMPLETION_PATHS", "KvService"]
+__all__ = ["KvService"]
 
 log = logging.getLogger("troupe.kvstore")
 
 MIN_TOKENS = 256  # a slot holding fewer cached tokens is cheap to compute again: not saved
-MIN_MATCH = 64  # a shorter shared prefix is not worth a slot
 SAVE_SECONDS = 10.0  # all of one stop's saves
-SLOTS_SECONDS = 2.0  # GET /slots before a stop
-RESTORE_SECONDS = 10.0  # one request's lookup and restore
-
-CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
-COMPLETION_PATHS = ("/completion", "/completions", "/v1/completions")
+SLOTS_SECONDS = 2.0  # GET /slots (before a stop, or for a child's first request)
+RESTORE_SECONDS = 10.0  # one request's save, lookup and restore
 
 
 @attrs.define
-class _Offer:
-    """One child (model, generation): which entries it was given and which slots."""
+class _MapOnce:
+    """A child's `SlotMap`, made once by its first request while the others wait."""
 
-    gen: int
-    restored: set[str] = attrs.field(factory=set)
-    slots: set[int] = attrs.field(factory=set)
-    lock: trio.Lock = attrs.field(factory=trio.Lock)
-
-
-def _route(path: str) -> str | None:
-    path = path.split("?", 1)[0]
-    for p in CHAT_PATHS:
-        if path.endswith(p):
-            return "chat"
-    for p in COMPLETION_PATHS:
-        if path.endswith(p):
-            return "completion"
-    return None
+    done: trio.Event = attrs.field(factory=trio.Event)
+    map: SlotMap | None = None
 
 
 class KvService:
@@ -79,7 +66,8 @@ class KvService:
         self.min_tokens = min_tokens
         self.save_seconds = save_seconds
         self._idents: dict[str, str] = {}  # model -> its running child's KV identity
-        self._offers: dict[str, _Offer] = {}
+        self._maps: dict[str, tuple[int, _MapOnce]] = {}  # model -> its child's (gen, map)
+        self._keeps: dict[str, bool] = {}  # model -> its child keeps idle slots' cells
 
     # ----- the launcher ----------------------------------------------------------------------
 
@@ -94,7 +82,7 @@ class KvService:
     def launch_args(self, model: str, args: list[str], swa: bool) -> list[str]:
         if any(a.split("=", 1)[0] == "--slot-save-path" for a in args):
             # The user's own slot files: theirs to manage, the store keeps out of them.
-            self._idents.pop(model, None)
+            self.leave_out(model)
             return args
         full = self.measure_args(args, swa)
         ident = kv_identity(full)
@@ -104,7 +92,24 @@ class KvService:
                 about(log, model).info("dropped %d KV entries of its old arguments", dropped)
             self._update_gauges(model)
         self._idents[model] = ident
-        return [*full, "--slot-save-path", str(self.store.slot_dir(ident))]
+        # The engine's default moves every idle slot into its RAM cache (and clears it,
+        # with a unified KV cache) whenever a task starts: no slot would keep its
+        # conversation for the store to save or steer to. A preset that asks for it
+        # keeps it, and the store then only restores into slots that never served.
+        names = {a.split("=", 1)[0] for a in args}
+        self._keeps[model] = "--cache-idle-slots" not in names
+        keep = (
+            []
+            if names & {"--cache-idle-slots", "--no-cache-idle-slots"}
+            else ["--no-cache-idle-slots"]
+        )
+        return [*full, *keep, "--slot-save-path", str(self.store.slot_dir(ident))]
+
+    def leave_out(self, model: str) -> None:
+        """``model``'s child runs without the store (its preset has ``kv-store = off``);
+        its entries stay for when it is back on."""
+        self._idents.pop(model, None)
+        self._maps.pop(model, None)
 
     def forget_models(self, known: Iterable[str]) -> None:
         """Models no longer in the catalogue lose their entries."""
@@ -143,6 +148,7 @@ class KvService:
         if slots is None:
             mlog.info("KV save skipped: its slots did not answer within %gs", SLOTS_SECONDS)
             return
+        self._maps.pop(model, None)  # its child is stopping
         for slot in slots if isinstance(slots, list) else []:
             if not isinstance(slot, dict) or slot.get("is_processing"):
                 continue
@@ -197,137 +203,108 @@ class KvService:
         for model_gone in {e.model for e in gone} | {model}:
             self._update_gauges(model_gone)
 
-    # ----- before a request ------------------------------------------------------------------
+    # ----- around a request ------------------------------------------------------------------
 
-    def _pending(self, model: str, gen: int) -> tuple[str, _Offer] | None:
+    @asynccontextmanager
+    async def steered(
+        self, model: str, gen: int, port: int, path: str, body: bytes, conv: str = ""
+    ) -> AsyncIterator[bytes]:
+        """``body`` to send to the child, held on a slot until the block exits: the slot of
+        its conversation when that is still on one; else an empty slot, or the least
+        recently used idle one (its conversation saved to the store first), with the
+        stored entry sharing the longest prefix with the prompt restored into it. Any
+        trouble leaves the request as it came (or on its slot without a restore)."""
+        kind = route(path)
         ident = self._idents.get(model)
-        if ident is None:
-            return None
-        offer = self._offers.get(model)
-        if offer is None or offer.gen != gen:
-            offer = self._offers[model] = _Offer(gen)
-        if not any(e.name not in offer.restored for e in self.store.entries(ident)):
-            return None
-        return ident, offer
-
-    async def steer(self, model: str, gen: int, port: int, path: str, body: bytes) -> bytes:
-        """``body``, sent to a slot restored for it when a stored entry matches."""
-        route = _route(path)
-        if route is None:
-            return body
-        pending = self._pending(model, gen)
-        if pending is None:
-            return body
+        request: Any = None
+        if kind is not None and ident is not None:
+            with contextlib.suppress(ValueError):
+                request = json.loads(body)
+        if not isinstance(request, dict) or ident is None or kind is None:
+            yield body
+            return
+        if _several_tasks(request):  # the engine spreads them over slots itself
+            yield body
+            return
+        slots = await self._slot_map(model, gen, port)
+        chosen = request.get("id_slot", -1)
+        if slots is None or chosen != -1:
+            if slots is not None and isinstance(chosen, int):
+                slots.overwritten(chosen)  # the client's own choice: its content unknown
+            yield body
+            return
+        claim = await slots.claim(conv, request_text(request))
+        if claim is None:
+            yield body
+            return
+        answered = False
         try:
-            request = json.loads(body)
-        except ValueError:
-            return body
-        if not isinstance(request, dict) or request.get("id_slot", -1) != -1:
-            return body
-        ident, offer = pending
-        with trio.move_on_after(RESTORE_SECONDS):
-            async with offer.lock:
+            # Shielded and bounded: a client that leaves meanwhile cannot cut a save or
+            # a restore in two (one that overruns is abandoned: the engine's own reuse
+            # decides what the request gets from the slot, correct either way).
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + RESTORE_SECONDS):
                 try:
-                    slot = await self._restore_for(model, ident, offer, port, route, request)
-                except Exception:  # a restore is an optimisation: never the request's failure
-                    about(log, model).exception("KV restore failed")
-                    self.metrics.restores.labels(model, "failed").inc()
-                    return body
-                if slot is not None:
-                    request["id_slot"] = slot
-                    return json.dumps(request).encode()
-        return body
+                    await self._prepare(model, ident, port, kind, request, slots, claim)
+                except Exception:  # the store is an optimisation: never the request's failure
+                    about(log, model).exception("KV: moving slot %d failed", claim.slot)
+            request["id_slot"] = claim.slot
+            yield json.dumps(request).encode()
+            answered = True
+        finally:
+            # Not answered (the client left, the child failed): what the slot holds is
+            # unknown, and it is saved before another conversation takes it.
+            slots.release(claim, answered)
 
-    async def _restore_for(
+    async def _prepare(
         self,
         model: str,
         ident: str,
-        offer: _Offer,
         port: int,
-        route: str,
+        kind: str,
         request: dict[str, Any],
-    ) -> int | None:
-        mlog = about(log, model)
-        started = trio.current_time()
+        slots: SlotMap,
+        claim: Claim,
+    ) -> None:
+        if claim.evict:
+            await self._save_one(model, ident, port, claim.slot)
+        if claim.own or not self.store.entries(ident):
+            return
         try:
-            tokens = await self._prompt_tokens(port, route, request)
-            if tokens is None:
-                return None
-            while True:
-                match = self.store.best_match(ident, tokens, exclude=offer.restored)
-                if match is None or match[1] < MIN_MATCH:
-                    self.metrics.lookups.labels(model, "miss").inc()
-                    return None
-                entry, shared = match
-                path = self.store.file(entry)
-                digest = await trio.to_thread.run_sync(_checksum_or_none, path)
-                if digest == entry.sha256:
-                    break
-                mlog.warning("KV entry %s is corrupt (checksum): dropped", entry.name)
-                self.metrics.restores.labels(model, "corrupt").inc()
-                self.store.drop(entry)
-                self._update_gauges(model)
-            slot = await self._free_slot(port, offer)
-            if slot is None:
-                self.metrics.lookups.labels(model, "miss").inc()
-                return None
-            answer = await call(
-                port, "POST", f"/slots/{slot}?action=restore", {"filename": path.name}
-            )
+            tokens = await prompt_tokens(port, kind, request)
         except (OSError, EngineCallFailed) as exc:
-            mlog.warning("KV restore failed: %s", exc)
-            self.metrics.restores.labels(model, "failed").inc()
-            return None
-        seconds = trio.current_time() - started
-        offer.restored.add(entry.name)
-        offer.slots.add(slot)
-        self.store.touch(entry)
-        with contextlib.suppress(OSError):  # its last use survives a restart (LRU order)
-            await trio.to_thread.run_sync(write_sidecar, entry, self.store.root)
-        n_read = answer.get("n_read", entry.size) if isinstance(answer, dict) else entry.size
-        self.metrics.lookups.labels(model, "hit").inc()
-        self.metrics.restores.labels(model, "restored").inc()
-        self.metrics.bytes.labels(model, "restored").inc(n_read)
-        self.metrics.restore_seconds.labels(model).observe(seconds)
-        mlog.info(
-            "KV: restored %d tokens (%d shared with the request, %.1f MiB) into slot %d in %.0f ms",
-            len(entry.tokens),
-            shared,
-            entry.size / (1 << 20),
-            slot,
-            seconds * 1000,
-        )
-        return slot
+            about(log, model).info("KV restore skipped: cannot tokenize the prompt: %s", exc)
+            return
+        if tokens is not None:
+            await restore_best(self.store, self.metrics, model, ident, port, claim.slot, tokens)
 
-    @staticmethod
-    async def _prompt_tokens(port: int, route: str, request: dict[str, Any]) -> list[int] | None:
-        """The request's prompt as the engine tokenizes it (chat: through its template)."""
-        if route == "chat":
-            if not isinstance(request.get("messages"), list):
-                return None
-            rendered = await call(port, "POST", "/apply-template", request)
-            prompt = rendered.get("prompt") if isinstance(rendered, dict) else None
-        else:
-            prompt = request.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            return None
-        answer = await call(port, "POST", "/tokenize", {"content": prompt, "add_special": True})
-        tokens = answer.get("tokens") if isinstance(answer, dict) else None
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            return None
-        return tokens
-
-    @staticmethod
-    async def _free_slot(port: int, offer: _Offer) -> int | None:
-        """A slot that never served a request (nothing of another conversation is lost)."""
-        slots = await call(port, "GET", "/slots")
-        for slot in slots if isinstance(slots, list) else []:
-            if not isinstance(slot, dict) or not isinstance(slot.get("id"), int):
-                continue
-            if slot.get("is_processing") or "id_task" in slot or slot["id"] in offer.slots:
-                continue
-            return int(slot["id"])
-        return None
+    async def _slot_map(self, model: str, gen: int, port: int) -> SlotMap | None:
+        """The map of ``model``'s child ``gen``, read from its ``GET /slots`` once (the
+        first request waits for it; None when the child cannot tell)."""
+        pending = self._maps.get(model)
+        if pending is None or pending[0] != gen:
+            pending = (gen, _MapOnce())
+            self._maps[model] = pending
+            once = pending[1]
+            try:
+                with trio.CancelScope(shield=True), trio.move_on_after(SLOTS_SECONDS):
+                    slots = await call(port, "GET", "/slots")
+                    ids = [s["id"] for s in slots if isinstance(s.get("id"), int)]
+                    served = {s["id"] for s in slots if "id_task" in s}
+                    once.map = SlotMap(ids, served, keeps=self._keeps.get(model, True))
+                if once.map is None and self._maps.get(model) is pending:
+                    del self._maps[model]  # too slow to answer now: the next request asks again
+            except OSError as exc:
+                about(log, model).info("KV: cannot read its slots (asked again later): %s", exc)
+                if self._maps.get(model) is pending:
+                    del self._maps[model]
+            except (EngineCallFailed, TypeError, AttributeError) as exc:
+                # It refuses (--no-slots) or answers nonsense: this child is not steered.
+                about(log, model).info("KV: no slot steering, cannot read its slots: %s", exc)
+            finally:
+                once.done.set()
+        once = pending[1]
+        await once.done.wait()
+        return once.map
 
     def _update_gauges(self, model: str) -> None:
         entries, size = self.store.usage(model)
@@ -335,8 +312,9 @@ class KvService:
         self.metrics.stored_bytes.labels(model).set(size)
 
 
-def _checksum_or_none(path: Any) -> str | None:
-    try:
-        return checksum(path)
-    except OSError:
-        return None
+def _several_tasks(request: dict[str, Any]) -> bool:
+    """A request the engine runs as several tasks (prompts in a list, ``n`` > 1): held
+    on one slot they would run one after another."""
+    prompt = request.get("prompt")
+    batch = isinstance(prompt, list) and any(not isinstance(p, int) for p in prompt)
+    return batch or request.get("n", 1) not in (1, None)

@@ -301,6 +301,16 @@ def test_troupe_keys_pin_and_ttl(build: BuildFn) -> None:
     )
 
 
+def test_troupe_key_kv_store(build: BuildFn) -> None:
+    cat = build(ini="[a]\nkv-store = off\n[b]\nkv-store = on\n[c]\n")
+    assert [e.kv_store for e in cat] == [False, True, True]
+    with pytest.raises(ConfigError) as info:
+        build(ini="[m]\nkv-store = maybe\n")
+    assert (
+        str(info.value) == "invalid value 'maybe' for 'kv-store' in preset 'm': expected on or off"
+    )
+
+
 def test_load_on_startup_limit(build: BuildFn) -> None:
     ini = "[a]\nload-on-startup = true\n[b]\nload-on-startup = 1\n[c]\nload-on-startup = yes\n"
     cat = build(ini=ini, models_max=2)

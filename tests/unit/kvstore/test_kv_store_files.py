@@ -140,5 +140,11 @@ def test_a_child_with_its_own_slot_path_is_left_to_its_user(tmp_path: Path) -> N
     ours = kv.launch_args("n", ["llama-server", "--model", "n.gguf"], swa=True)
     assert ours[-2:] == ["--slot-save-path", str(tmp_path / "kv" / kv_identity(ours[:-2]))]
     assert "--swa-full" in ours
+    assert "--no-cache-idle-slots" in ours  # idle slots keep their conversations
+    # Where idle slots wait is not part of the layout: a preset that asks for the
+    # engine's RAM cache keeps it, and its entries.
+    asked = kv.launch_args("n", ["llama-server", "--model", "n.gguf", "--cache-idle-slots"], True)
+    assert "--no-cache-idle-slots" not in asked
+    assert asked[-1] == ours[-1]
     assert kv.refuses("n", "/slots/0", "restore")
     assert not kv.refuses("n", "/slots/0", "erase")

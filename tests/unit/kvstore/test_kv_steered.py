@@ -1,0 +1,44 @@
+"""`KvService.steered` on requests it must leave alone, over a real socket that records
+whether the store asked the child anything."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from troupe.kvstore import KvService, KvStore
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"model": "m", "prompt": ["one story", "another story"]},  # two tasks
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2},
+    ],
+)
+async def test_a_request_the_engine_runs_as_several_tasks_is_not_held_on_a_slot(
+    tmp_path: Path, request_: dict[str, object]
+) -> None:
+    kv = KvService(KvStore(tmp_path / "kv", 1 << 30))
+    kv.launch_args("m", ["llama-server", "--model", "m.gguf"], swa=False)
+    asked: list[bytes] = []
+
+    async def child(stream: trio.SocketStream) -> None:
+        asked.append(await stream.receive_some())
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, child, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        body = json.dumps(request_).encode()
+        path = "/v1/completions" if "prompt" in request_ else "/v1/chat/completions"
+        async with kv.steered("m", 1, port, path, body) as sent:
+            assert sent == body
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert asked == []  # not even its slots were read
