@@ -51,7 +51,12 @@ async def test_counters_after_loads_an_eviction_and_crashes(
         "c": {"fake-load-crash": "3"},
         "d": {"fake-oom": "true"},
     }
-    async with fake_router(presets, "--models-max", "1") as router, router.client() as http:
+    # The KV store off: it steers each completion to a slot (``id_slot`` added to the
+    # body the child gets), and this test counts the bytes relayed to children exactly.
+    async with (
+        fake_router(presets, "--models-max", "1", "--kv-store", "off") as router,
+        router.client() as http,
+    ):
         sent = 0
         for model in ("a", "b", "c", "d", "a"):
             body = completion(model)
