@@ -27,6 +27,11 @@ class Echo:
     def base_head(self, request: Request) -> bytes:
         return b"Server: llama.cpp\r\n"
 
+    def refused(
+        self, request: Request | None, status: int, message: str, body: bytes, peer: str
+    ) -> None:
+        pass  # no access log here
+
     def admit(self, request: Request) -> Refusal | None:
         return None
 

@@ -163,6 +163,16 @@ async def test_chat_whole_streamed_and_through_openai_say_the_same(
         metrics = (await http.get("/metrics")).text
         assert 'troupe_proxied_requests_total{route="/api/chat",status="200"} 4.0' in metrics
         assert 'troupe_queue_wait_seconds_count{model="gemma",outcome="granted"} 5.0' in metrics
+        # And each one has its access record, like an OpenAI request: model, tokens.
+        ring = (await http.get("/troupe/requests", params={"model": "gemma"})).json()["data"]
+        chats = [r for r in ring if r["path"] == "/api/chat"]
+        assert len(chats) == 4
+        assert {(r["status"], r["kind"], r["completion_tokens"]) for r in chats} == {
+            (200, "proxied", 12)
+        }
+        assert all(r["prompt_tokens"] == whole.prompt_eval_count for r in chats)
+        assert sorted(r["stream"] for r in chats) == [False, False, False, True]
+        assert all(r["queue_wait"] is not None and r["duration"] > 0 for r in chats)
 
 
 async def test_a_tool_call_comes_back_as_ollama_sends_it(real_router: RouterFactory) -> None:

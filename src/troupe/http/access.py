@@ -18,6 +18,7 @@ import trio
 from troupe.api import strip_prefix
 from troupe.http.routing import Handler
 from troupe.http.server.exchange import Exchange
+from troupe.http.server.parse import Request
 from troupe.ops.access import AccessRecord, read_usage
 from troupe.ops.metrics import route_label
 from troupe.proxy.relay import RelayReport
@@ -33,6 +34,7 @@ __all__ = [
     "note_wait",
     "realtime_record",
     "recorded",
+    "refused_record",
 ]
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": the client left before an answer
@@ -150,6 +152,38 @@ def _model_named(ex: Exchange) -> str:
         return ""
     value = body.get("model") if isinstance(body, dict) else None
     return value if isinstance(value, str) else ""
+
+
+def refused_record(
+    ctx: Router, request: Request | None, status: int, message: str, body: bytes, peer: str
+) -> None:
+    """A request the server answered before any route ran (refused at the head: the Host,
+    the key, an unknown route, not ready yet; or unreadable, too slow, too large): kind
+    "local", with why. ``body``: the refusal's JSON, whose message says why when
+    ``message`` does not. An attacker's flood of them is bounded by the local ring."""
+    path = request.path if request is not None and request.path else "-"
+    ctx.requests.record_other(
+        AccessRecord(
+            time=time.time(),
+            client=peer,
+            method=(request.method if request is not None else "") or "-",
+            path=path,
+            route=strip_prefix(path, ctx.settings.api_prefix) or path,
+            status=status,
+            bytes_out=len(body),
+            kind="local",
+            error=message or _message_of(body) or f"refused ({status})",
+        )
+    )
+
+
+def _message_of(body: bytes) -> str:
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return ""
+    message = error.get("message") if isinstance(error, dict) else error
+    return message if isinstance(message, str) else ""
 
 
 # The client of a WebSocket upgrade (set by the HTTP side before the realtime door runs:

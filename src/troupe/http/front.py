@@ -20,6 +20,7 @@ import trio
 
 from troupe.api import strip_prefix
 from troupe.http import cors
+from troupe.http.access import refused_record
 from troupe.http.errors import NOT_FOUND_BODY, middleware_error_body
 from troupe.http.hosts import HostCheck
 from troupe.http.keys import ring_for
@@ -113,6 +114,12 @@ class Front:
             request.max_body = LOCAL_MAX_BODY
         return None
 
+    def refused(
+        self, request: Request | None, status: int, message: str, body: bytes, peer: str
+    ) -> None:
+        """Into the access record: what the server answered before any route ran."""
+        refused_record(self.router, request, status, message, body, peer)
+
     async def _options(self, router: Router, ex: Exchange) -> None:
         await ex.respond(200, b"", "text/html", self._preflight)
 
@@ -122,6 +129,7 @@ class Front:
         if handler is None:  # not admitted yet (a connection past the cap: /health)
             refusal = self.admit(request)
             if refusal is not None:
+                refused_record(self.router, request, refusal.status, "", refusal.body, ex.client)
                 await ex.respond_refusal(refusal)
                 return
             handler = request.route

@@ -21,11 +21,13 @@ import trio
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.api import dumps
 from troupe.catalog import ModelEntry
+from troupe.http.access import begin, finish, note_wait
 from troupe.http.proxy_routes import acquire_within, autoload_flag, validate_model
 from troupe.http.respond import retry_after
 from troupe.http.server.exchange import Exchange
 from troupe.ollama.keepalive import BadKeepAlive, parse_keep_alive
 from troupe.ollama.names import resolve
+from troupe.ops.access import AccessRecord
 from troupe.router import Router
 from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant
 
@@ -100,13 +102,42 @@ Leased = Callable[[Grant, float], Awaitable[None]]  # (the lease, seconds it wai
 
 
 async def lease(
-    ctx: Router, ex: Exchange, entry: ModelEntry, keep_alive: float | None, work: Leased
+    ctx: Router,
+    ex: Exchange,
+    entry: ModelEntry,
+    keep_alive: float | None,
+    work: Leased,
+    tokens: Callable[[AccessRecord], None] | None = None,
 ) -> None:
     """Hold ``entry``'s child for ``work``, exactly as a proxied OpenAI request does;
-    refusals are Ollama's errors with the scheduler's status."""
+    refusals are Ollama's errors with the scheduler's status. The request gets its
+    access record like a proxied one (``tokens`` adds what the answer counted)."""
+    rec, began = begin(ctx, ex)
+    rec.model, rec.catalogued = entry.name, True
+    left = False
+    try:
+        await _leased(ctx, ex, entry, keep_alive, work, rec)
+    except trio.Cancelled:
+        left = True  # the client went away (its handler is cancelled)
+        raise
+    finally:
+        if tokens is not None:
+            tokens(rec)
+        finish(ctx, ex, rec, began, None, client_left=left)
+
+
+async def _leased(
+    ctx: Router,
+    ex: Exchange,
+    entry: ModelEntry,
+    keep_alive: float | None,
+    work: Leased,
+    rec: AccessRecord,
+) -> None:
     autoload = autoload_flag(ex.params, ctx.settings.models_autoload)
     checked = validate_model(ctx, entry.name, autoload)
     if isinstance(checked, Failure):
+        rec.error = checked.message
         await send_error(ex, checked.status, checked.message, checked)
         return
     started = time.monotonic()
@@ -117,8 +148,11 @@ async def lease(
             )
     except ModelUnavailable as exc:
         failure = exc.failure
+        rec.error = failure.message
+        note_wait(ctx, rec, time.monotonic() - started, None)
         await send_error(ex, failure.status, failure.message, failure)
         return
+    note_wait(ctx, rec, time.monotonic() - started, grant)
     try:
         if keep_alive is not None:
             # Set while the lease is held (no TTL runs while a request is in flight), so

@@ -37,6 +37,7 @@ from troupe.ollama.requests import (
     embed_request,
     generate_request,
 )
+from troupe.ops.access import AccessRecord
 from troupe.proxy.upstream import UpstreamError, UpstreamResponse
 from troupe.realtime.translate import SSEDecoder
 from troupe.router import Router
@@ -80,9 +81,19 @@ async def _answer(
             entry.name, ", ".join(ignored),
         )  # fmt: skip
     started = time.monotonic()
+    answers: list[Answer] = []
+
+    def tokens(rec: AccessRecord) -> None:
+        if answers:
+            answer = answers[0]
+            rec.prompt_tokens, rec.completion_tokens = answer.prompt_n, answer.predicted_n
+            if answer.predicted_n and answer.predicted_ms:
+                rec.tokens_per_second = answer.predicted_n * 1000.0 / answer.predicted_ms
+            rec.stream = stream
 
     async def work(grant: Grant, waited: float) -> None:
         answer = Answer(name, chat=chat, kind=child.kind, started=started, load_s=waited)
+        answers.append(answer)
         status = 500
         try:
             upstream = await _post(ctx, ex, grant, child.target, child.body)
@@ -113,7 +124,7 @@ async def _answer(
             await _close(upstream)
             _observe(ctx, ex, status)
 
-    await lease(ctx, ex, entry, keep_alive, work)
+    await lease(ctx, ex, entry, keep_alive, work, tokens)
 
 
 def _as_started(entry: ModelEntry, option: str, value: Any) -> bool:

@@ -49,6 +49,14 @@ class Handler(Protocol):
 
     async def serve(self, exchange: Exchange) -> None: ...
 
+    def refused(
+        self, request: Request | None, status: int, message: str, body: bytes, peer: str
+    ) -> None:
+        """A request answered by the server itself (a refusal at the head, a parse error,
+        a timeout, a body over the limit) before any handler ran: for the access log.
+        ``request`` is None when not even a head could be read; ``body``: a refusal's."""
+        ...
+
     async def upgrade(self, exchange: Exchange, stream: trio.abc.Stream, rest: bytes) -> None:
         """A WebSocket upgrade: ``stream`` from here on, ``rest`` already read past the
         request's head."""
@@ -223,7 +231,9 @@ class Connection:
                 if current.too_large:
                     limit = current.max_body
                     msg = f"request body is larger than the limit of {limit} bytes"
-                    await self._refuse(413, msg, self.server.handler.base_head(current))
+                    await self._refuse(
+                        413, msg, self.server.handler.base_head(current), None, current
+                    )
                     return None
                 if current.expect_continue and not continued and current.refusal is None:
                     continued = True
@@ -264,7 +274,7 @@ class Connection:
                 handler = self.server.handler
                 base = handler.base_head(refused.request)
                 refusal = refused.refusal
-                await self._refuse(refusal.status, "", base, refusal)
+                await self._refuse(refusal.status, "", base, refusal, refused.request)
                 return None
             except BadRequest as exc:
                 await self._refuse(exc.status, exc.message)
@@ -289,11 +299,23 @@ class Connection:
         raise AssertionError
 
     async def _refuse(
-        self, status: int, message: str, base: bytes | None = None, refusal: Refusal | None = None
+        self,
+        status: int,
+        message: str,
+        base: bytes | None = None,
+        refusal: Refusal | None = None,
+        request: Request | None = None,
     ) -> None:
         """Answer an unacceptable request and close, draining what the client still
         sends for a moment (closing on unread bytes would reset the connection and
         lose the answer; what is drained is dropped, never parsed or kept)."""
+        self.server.handler.refused(
+            request or self.parser.current,
+            status,
+            message,
+            refusal.body if refusal is not None else b"",
+            self.peer,
+        )
         if refusal is not None:
             data = refusal_bytes(refusal, base or b"")
         else:
@@ -328,6 +350,7 @@ class Connection:
                     if refusal is None:
                         await server.handler.serve(exchange)
                     else:
+                        server.handler.refused(request, refusal.status, "", refusal.body, self.peer)
                         await exchange.respond_refusal(refusal)
                 except ClientGone:
                     pass
