@@ -26,17 +26,21 @@ from troupe.cluster.render import RenderOptions, placement_table, render_haproxy
 from troupe.cluster.view import FORWARDED
 from troupe.errors import UsageError
 
-__all__ = ["fetch_models", "run_cluster"]
+__all__ = ["USAGE", "fetch_models", "parse_render", "render_config", "run_cluster"]
 
 USAGE = (
     "usage: troupe cluster render (--node URL ... | --nodes FILE) [--bind ADDR:PORT]\n"
     "       [--check-interval TIME] [--maxconn-per-model N] [--stats-socket PATH]\n"
-    "       [--api-key KEY] [--explain]"
+    "       [--api-key KEY] [--explain]\n"
+    "       troupe cluster watch RENDER-FLAGS --out FILE [--reload CMD] [--every SECONDS]"
 )
 
 
-def fetch_models(url: str, api_key: str | None, timeout: float = 5.0) -> Mapping[str, Any] | None:
-    """A node's own ``GET /models``, or None (and a line on stderr) when it cannot answer."""
+def fetch_models(
+    url: str, api_key: str | None, timeout: float = 5.0, *, warn: bool = True
+) -> Mapping[str, Any] | None:
+    """A node's own ``GET /models``, or None (and a line on stderr, unless not ``warn``)
+    when it cannot answer."""
     headers = {FORWARDED.decode(): "render"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -46,12 +50,13 @@ def fetch_models(url: str, api_key: str | None, timeout: float = 5.0) -> Mapping
             doc = json.loads(resp.read())
     except (OSError, ValueError) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        print(f"troupe: warning: {url} did not answer GET /models: {reason}", file=sys.stderr)
+        if warn:
+            print(f"troupe: warning: {url} did not answer GET /models: {reason}", file=sys.stderr)
         return None
     return doc if isinstance(doc, dict) else None
 
 
-def _parse(args: list[str]) -> tuple[list[str], RenderOptions, str | None, bool]:
+def parse_render(args: list[str]) -> tuple[list[str], RenderOptions, str | None, bool]:
     urls: list[str] = []
     bind, interval, maxconn, socket, key, explain = "*:8080", "2s", 8, None, None, False
     i = 0
@@ -94,23 +99,56 @@ def _parse(args: list[str]) -> tuple[list[str], RenderOptions, str | None, bool]
     return unique, RenderOptions(bind, interval, maxconn, socket), key, explain
 
 
-def run_cluster(args: list[str]) -> int:
-    if not args or args[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if args else 2
-    if args[0] != "render":
-        raise UsageError(f"unknown cluster command '{args[0]}'\n{USAGE}")
-    urls, options, key, explain = _parse(args[1:])
-    docs = {url: fetch_models(url, key) for url in urls}
+def render_config(
+    urls: list[str],
+    options: RenderOptions,
+    key: str | None,
+    known: dict[str, Mapping[str, Any]] | None = None,
+    answered: set[str] | None = None,
+) -> tuple[str, Placement] | None:
+    """The balancer's configuration from the nodes' ``/models`` (None: no node answered).
+    ``known``: the last list each node gave, used for a node that does not answer now
+    (its health checks already take it out; its models keep their backends, so a node
+    that blinks does not reload the balancer twice), and updated; ``answered``: set to
+    the nodes that answered."""
+    docs = {url: fetch_models(url, key, warn=known is None) for url in urls}
+    if answered is not None:
+        answered.clear()
+        answered.update(url for url, doc in docs.items() if doc is not None)
+    if known is not None:
+        for url in urls:
+            doc = docs[url]
+            if doc is not None:
+                known[url] = doc
+            elif url in known:
+                docs[url] = known[url]
     placement = Placement([node_facts(u, d) for u, d in docs.items() if d is not None])
     if not placement.nodes:
-        raise UsageError("no node answered GET /models")
+        return None
     # No timestamp: the same nodes and catalogues give the same bytes (cmp tells a change).
     header = "Written by `troupe cluster render` from:\n" + "\n".join(
         f"  {server_names(urls)[u]} {u}" + ("" if docs[u] is not None else " (did not answer)")
         for u in urls
     )
-    sys.stdout.write(render_haproxy(urls, placement, options, header))
+    return render_haproxy(urls, placement, options, header), placement
+
+
+def run_cluster(args: list[str]) -> int:
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    if args[0] == "watch":
+        from troupe.commands.cluster_watch import run_watch  # noqa: PLC0415 (it imports this)
+
+        return run_watch(args[1:])
+    if args[0] != "render":
+        raise UsageError(f"unknown cluster command '{args[0]}'\n{USAGE}")
+    urls, options, key, explain = parse_render(args[1:])
+    rendered = render_config(urls, options, key)
+    if rendered is None:
+        raise UsageError("no node answered GET /models")
+    text, placement = rendered
+    sys.stdout.write(text)
     if explain:
         for line in placement_table(placement, server_names(urls)):
             print(line, file=sys.stderr)
