@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 
 from troupe.sched import Status
-from troupe_rig.router import RouterFactory
+from troupe_rig.router import RouterFactory, RunningRouter
 
 
 async def test_an_overrunning_save_is_abandoned_and_the_stop_goes_on(
@@ -38,16 +38,22 @@ async def test_an_overrunning_save_is_abandoned_and_the_stop_goes_on(
         assert len(ports) == 1  # the child's port, once
 
 
+def _record_saves(router: RunningRouter) -> list[str]:
+    """The models whose stop asks the store to save, in order (the save itself skipped)."""
+    kv = router.ctx.kv
+    assert kv is not None
+    saved: list[str] = []
+
+    async def record(model: str, port: int) -> None:
+        saved.append(model)
+
+    kv.save_slots = record  # type: ignore[method-assign]
+    return saved
+
+
 async def test_an_unload_saves_before_the_child_exits(fake_router: RouterFactory) -> None:
     async with fake_router({"a": {}}) as router:
-        kv = router.ctx.kv
-        assert kv is not None
-        saved: list[str] = []
-
-        async def record(model: str, port: int) -> None:
-            saved.append(model)
-
-        kv.save_slots = record  # type: ignore[method-assign]
+        saved = _record_saves(router)
         await router.ctx.scheduler.load("a")
         await router.wait_for_status("a", Status.LOADED)
         await router.ctx.scheduler.unload("a")  # an unload keeps what it holds
@@ -71,14 +77,7 @@ async def test_a_model_whose_preset_says_kv_store_off_is_left_out(
     fake_router: RouterFactory,
 ) -> None:
     async with fake_router({"a": {"kv-store": "off"}, "b": {}}) as router:
-        kv = router.ctx.kv
-        assert kv is not None
-        saved: list[str] = []
-
-        async def record(model: str, port: int) -> None:
-            saved.append(model)
-
-        kv.save_slots = record  # type: ignore[method-assign]
+        saved = _record_saves(router)
         for name in ("a", "b"):
             await router.ctx.scheduler.load(name)
             await router.wait_for_status(name, Status.LOADED)
