@@ -32,11 +32,14 @@ import socket
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from _util import http_json, start_process
 from troupe.demo import assemble_demo_model
@@ -117,6 +120,25 @@ def router(kind: str, engine: Path, tmp: Path, ctx: int, state: Path) -> Iterato
         proc.stop(30.0)
 
 
+def kv_figures(url: str, into: dict[str, float]) -> None:
+    """Add troupe's own KV figures from its ``/metrics`` (prometheus_client's parser):
+    seconds spent saving and restoring, and the bytes each moved."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = {
+                "troupe_kv_save_seconds_sum": "save_s",
+                "troupe_kv_save_seconds_count": "saves",
+                "troupe_kv_restore_seconds_sum": "restore_s",
+                "troupe_kv_restore_seconds_count": "restores",
+            }.get(sample.name)
+            if sample.name == "troupe_kv_bytes_total":
+                key = f"{sample.labels['direction']}_bytes"
+            if key is not None:
+                into[key] = into.get(key, 0.0) + sample.value
+
+
 def run(kind: str, engine: Path, tmp: Path, ctx: int, history: str) -> dict[str, Any]:
     state = tmp / f"state-{kind}"
     out: dict[str, Any] = {}
@@ -133,12 +155,15 @@ def run(kind: str, engine: Path, tmp: Path, ctx: int, history: str) -> dict[str,
         swapped, t3, tm = stream(url, "gemma-a", turn)
         out["after swap"] = (swapped, tm.get("prompt_n"))
         out["text"] = t3
+        if kind == "store":
+            kv_figures(url, out.setdefault("kv", {}))
     if kind == "store":
         turn += t3 + "\n\nAt dawn"
         with router(kind, engine, tmp, ctx, state) as url:
             load(url, "gemma-a")
             restarted, _, tm = stream(url, "gemma-a", turn)
             out["after restart"] = (restarted, tm.get("prompt_n"))
+            kv_figures(url, out["kv"])
     return out
 
 
@@ -210,6 +235,13 @@ def main() -> int:
         print(
             f"after swap, troupe (off) / C++ router: {results['off']['after swap'][0] / cpp:.2f}x"
         )
+        kv = store.get("kv", {})
+        for what, count in (("save", "saves"), ("restore", "restores")):
+            mib = kv.get(f"{what}d_bytes", 0.0) / (1 << 20)
+            if mib:
+                print(f"troupe's {what}s: {kv[count]:.0f}, {mib:.1f} MiB in "
+                      f"{kv[f'{what}_s'] * 1000:.0f} ms: "
+                      f"{kv[f'{what}_s'] * 1000 / mib:.2f} ms/MiB")  # fmt: skip
     if crowd:
         print(f"{args.busy} conversations over 4 slots, the next turn of each: mean time to "
               "first token (mean tokens evaluated)")  # fmt: skip
