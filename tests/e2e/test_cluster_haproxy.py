@@ -153,6 +153,7 @@ async def test_each_model_on_its_node_long_bodies_streams_realtime_and_the_union
 
         # GET /v1/models through the balancer: every node's models, once each, where
         # each is loaded.
+        await stack.settled()
         async with httpx.AsyncClient(timeout=30) as http:
             listed = (await http.get(stack.url + "/v1/models")).json()
         by_id = {m["id"]: m for m in listed["data"]}

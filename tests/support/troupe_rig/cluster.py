@@ -52,6 +52,15 @@ class Node:
         return f"http://127.0.0.1:{self.port}"
 
 
+# Phases a model stays in until something happens to it (see troupe.sched.phase).
+_SETTLED = frozenset({None, "unloaded", "failed", "held", "loaded", "sleeping"})
+
+
+def _status(item: dict[str, Any]) -> str | None:
+    value = item.get("status", {}).get("value")
+    return value if isinstance(value, str) else None
+
+
 async def haproxy_command(socket: Path, command: str) -> str:
     """One command on HAProxy's runtime API, its whole answer."""
     stream = await trio.open_unix_socket(str(socket))
@@ -148,14 +157,26 @@ class ClusterStack:
         return {m["id"]: m for m in resp.json()["data"]}
 
     async def loaded_on(self, model: str) -> list[str]:
-        """The live nodes with ``model`` loaded."""
-        out = []
-        for node in self.nodes:
-            if not node.killed and node.process is not None:
-                models = await self.own_models(node)
-                if models.get(model, {}).get("status", {}).get("value") == "loaded":
-                    out.append(node.name)
-        return out
+        """The live nodes with ``model`` loaded, once no node is moving it (a child
+        beside a newcomer is restarted on a narrower CPU lane: unloaded for a moment)."""
+        views = await self.settled(model)
+        return [name for name, item in views.items() if _status(item) == "loaded"]
+
+    async def settled(self, model: str | None = None, within: float = 30) -> dict[str, Any]:
+        """Each live node's ``/models`` item for ``model`` (or every node's whole list),
+        asked again until none is between phases. The nodes publish no event across
+        the cluster to wait on; each answer is a fresh read of its state."""
+        with trio.fail_after(within):
+            while True:
+                views: dict[str, Any] = {}
+                for node in self.nodes:
+                    if not node.killed and node.process is not None:
+                        models = await self.own_models(node)
+                        views[node.name] = models.get(model, {}) if model else models
+                items = views.values() if model else [i for v in views.values() for i in v.values()]
+                if all(item.get("troupe", {}).get("phase") in _SETTLED for item in items):
+                    return views
+                await trio.sleep(0.05)
 
     async def server_status(self, name: str) -> str:
         """HAProxy's health-check view of node ``name`` (UP, DOWN, ...)."""
