@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from troupe_rig.hub import Hub
+from troupe_rig.kv import metric
 from troupe_rig.router import RouterFactory, RunningRouter
 
 pytestmark = pytest.mark.engine
@@ -338,6 +339,13 @@ async def test_embed_and_the_older_embeddings(real_router: RouterFactory) -> Non
         assert list(older.embedding) == list(out.embeddings[1])
         openai = await http.post("/v1/embeddings", json={"model": "tiny-embed", "input": "grass"})
         assert openai.json()["data"][0]["embedding"] == list(out.embeddings[1])  # the same
+        # Each has its access record with the tokens the child counted.
+        ring = (await http.get("/troupe/requests", params={"model": "tiny-embed"})).json()["data"]
+        counted = {(r["path"], r["prompt_tokens"]) for r in ring if r["path"] != "/v1/embeddings"}
+        grass = openai.json()["usage"]["prompt_tokens"]
+        assert one.prompt_eval_count == grass
+        assert counted == {("/api/embed", out.prompt_eval_count), ("/api/embed", grass),
+                           ("/api/embeddings", grass)}  # fmt: skip
 
 
 async def test_keep_alive_unloads_pins_and_sets_the_idle_timeout(
@@ -499,3 +507,38 @@ async def test_pull_streams_progress_then_the_model_serves_and_deletes(
         with pytest.raises(ollama.ResponseError) as err:
             await api.pull("org/missing:Q4_K_M")
         assert err.value.status_code == 404
+
+
+async def test_a_conversation_returns_to_its_slot_restored_over_one_slot(
+    real_router: RouterFactory,
+) -> None:
+    # Gemma's child has one slot; two conversations of about 400 tokens take turns on it.
+    # The second takes the slot: the first is saved to the KV store, and restored into
+    # the slot when it comes back, as an OpenAI request's would be.
+    def history(topic: str) -> list[dict[str, str]]:
+        return [
+            {"role": "system", "content": f"You are a patient guide to the {topic}. " * 35},
+            {"role": "user", "content": f"Tell me about the {topic}."},
+        ]
+
+    options = {**GREEDY, "num_predict": 6}
+    sea = history("sea")
+    async with real_router() as router:
+        api = client(router)
+        first = await api.chat(model="gemma", messages=sea, options=options, stream=False)
+        await api.chat(model="gemma", messages=history("hills"), options=options, stream=False)
+        sea += [{"role": "assistant", "content": first.message.content or ""}]
+        sea.append({"role": "user", "content": "And the rivers?"})
+        parts = [p async for p in await api.chat(model="gemma", messages=sea, options=options,
+                                                  stream=True)]  # fmt: skip
+        back = "".join(p.message.content or "" for p in parts)
+        assert parts[-1].done is True
+        # Each conversation saved when the other took the slot; the first one restored.
+        counts = [("saves", "saved", 2), ("lookups", "hit", 1), ("restores", "restored", 1)]
+        for name, result, times in counts:
+            count = await metric(router, f"troupe_kv_{name}_total", model="gemma", result=result)
+            assert (name, count) == (name, times)
+    # At temperature 0 a fresh child with no store answers the same.
+    async with real_router("--kv-store", "off") as router:
+        fresh = await client(router).chat(model="gemma", messages=sea, options=options)
+        assert fresh.message.content == back

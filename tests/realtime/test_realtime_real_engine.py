@@ -15,6 +15,7 @@ import pytest
 import trio
 from websockets.exceptions import InvalidStatus
 
+from troupe_rig.kv import metric
 from troupe_rig.realtime_client import EventLog, run_asyncio, sdk_client
 from troupe_rig.router import RouterFactory, RunningRouter
 
@@ -277,3 +278,39 @@ async def test_malformed_events_get_errors_and_the_session_goes_on(
     ]
     assert errors[2].error.event_id == "e7"  # the client's event id comes back
     assert answered[-1].response.usage.output_tokens == 3
+
+
+async def test_a_session_comes_back_to_its_slot_restored(real_router: RouterFactory) -> None:
+    # A session is one conversation: when an HTTP chat takes Gemma's one slot between
+    # two of its responses, the KV store saves the session's conversation and restores
+    # it into the slot for the next response.
+    guide = "You are a patient guide to the sea. " * 35  # about 400 tokens: worth saving
+
+    async def scenario(url: str) -> list[list[Any]]:
+        async with sdk_client(url) as sdk, sdk.realtime.connect(model="gemma") as conn:
+            log = EventLog(conn)
+            await log.next()
+            update = {"type": "realtime", "instructions": guide}
+            await log.send({"type": "session.update", "session": update})
+            await log.until("session.updated")
+            turns = []
+            for text in ("Tell me about the sea.", "And the rivers?"):
+                await log.send(user(text))
+                await log.until("conversation.item.done")
+                await log.send({"type": "response.create", "response": {"max_output_tokens": 6}})
+                turns.append(await log.until("response.done"))
+                if not turns[1:]:  # another conversation takes the slot meanwhile
+                    hills = [{"role": "system", "content": guide.replace("sea", "hills")},
+                             {"role": "user", "content": "Tell me about the hills."}]  # fmt: skip
+                    await sdk.chat.completions.create(model="gemma", messages=hills, max_tokens=4)
+            return turns
+
+    async with real_router() as router:
+        first, second = await run_asyncio(scenario, router.url)
+        assert deltas(first)
+        assert deltas(second)
+        # Each conversation saved when the other took the slot; the first one restored.
+        counts = [("saves", "saved", 2), ("lookups", "hit", 1), ("restores", "restored", 1)]
+        for name, result, times in counts:
+            count = await metric(router, f"troupe_kv_{name}_total", model="gemma", result=result)
+            assert (name, count) == (name, times)

@@ -209,33 +209,43 @@ class KvService:
     async def steered(
         self, model: str, gen: int, port: int, path: str, body: bytes, conv: str = ""
     ) -> AsyncIterator[bytes]:
-        """``body`` to send to the child, held on a slot until the block exits: the slot of
-        its conversation when that is still on one; else an empty slot, or the least
-        recently used idle one (its conversation saved to the store first), with the
-        stored entry sharing the longest prefix with the prompt restored into it. Any
-        trouble leaves the request as it came (or on its slot without a restore)."""
+        """``body`` to send to the child, held on a slot until the block exits (see
+        `held`); any trouble, or a body that is not a JSON object, leaves it as it came."""
         kind = route(path)
-        ident = self._idents.get(model)
         request: Any = None
-        if kind is not None and ident is not None:
+        if kind is not None and model in self._idents:
             with contextlib.suppress(ValueError):
                 request = json.loads(body)
-        if not isinstance(request, dict) or ident is None or kind is None:
+        if not isinstance(request, dict):
             yield body
             return
-        if _several_tasks(request):  # the engine spreads them over slots itself
-            yield body
+        async with self.held(model, gen, port, path, request, conv) as slot:
+            yield body if slot is None else with_slot(body, request, slot)
+
+    @asynccontextmanager
+    async def held(
+        self, model: str, gen: int, port: int, path: str, request: dict[str, Any], conv: str = ""
+    ) -> AsyncIterator[int | None]:
+        """The slot ``request`` is to run on (sent as ``id_slot``), held until the block
+        exits: the slot of its conversation when that is still on one; else an empty
+        slot, or the least recently used idle one (its conversation saved to the store
+        first), with the stored entry sharing the longest prefix with the prompt
+        restored into it. None: sent as it is (not steered, or the client chose)."""
+        kind = route(path)
+        ident = self._idents.get(model)
+        if ident is None or kind is None or _several_tasks(request):
+            yield None  # (several tasks: the engine spreads them over slots itself)
             return
         slots = await self._slot_map(model, gen, port)
         chosen = request.get("id_slot", -1)
         if slots is None or chosen != -1:
             if slots is not None and isinstance(chosen, int):
                 slots.overwritten(chosen)  # the client's own choice: its content unknown
-            yield body
+            yield None
             return
         claim = await slots.claim(conv, request_text(request))
         if claim is None:
-            yield body
+            yield None
             return
         answered = False
         try:
@@ -247,8 +257,7 @@ class KvService:
                     await self._prepare(model, ident, port, kind, request, slots, claim)
                 except Exception:  # the store is an optimisation: never the request's failure
                     about(log, model).exception("KV: moving slot %d failed", claim.slot)
-            request["id_slot"] = claim.slot
-            yield json.dumps(request).encode()
+            yield claim.slot
             answered = True
         finally:
             # Not answered (the client left, the child failed): what the slot holds is
@@ -318,3 +327,15 @@ def _several_tasks(request: dict[str, Any]) -> bool:
     prompt = request.get("prompt")
     batch = isinstance(prompt, list) and any(not isinstance(p, int) for p in prompt)
     return batch or request.get("n", 1) not in (1, None)
+
+
+def with_slot(body: bytes, request: dict[str, Any], slot: int) -> bytes:
+    """``body`` with ``"id_slot": slot``: spliced in after its opening brace when it is
+    UTF-8 without the key (the rest of the bytes go as the client sent them, unparsed
+    again), else ``request`` written out whole."""
+    start = len(body) - len(body.lstrip())
+    plain = json.detect_encoding(body) == "utf-8" and body[start : start + 1] == b"{"
+    if "id_slot" in request or not plain:
+        return json.dumps({**request, "id_slot": slot}).encode()
+    sep = b"" if not request else b","
+    return b'%s{"id_slot":%d%s%s' % (body[:start], slot, sep, body[start + 1 :])

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -94,37 +95,60 @@ async def _answer(
     async def work(grant: Grant, waited: float) -> None:
         answer = Answer(name, chat=chat, kind=child.kind, started=started, load_s=waited)
         answers.append(answer)
-        status = 500
-        try:
-            upstream = await _post(ctx, ex, grant, child.target, child.body)
-        except UpstreamError as exc:
-            await send_error(ex, 500, f"the model's server failed: {exc}")
-            _observe(ctx, ex, 500)
-            return
-        try:
-            status = upstream.status_code
-            if status != 200:
-                await send_error(ex, status, error_message(status, await _whole(upstream)))
-            elif stream:
-                await _stream(ex, upstream, answer)
-            else:
-                raw = await _whole(upstream)
-                try:
-                    answer.on_whole(json.loads(raw))
-                except ValueError:
-                    await send_error(ex, 500, "unreadable answer from the model's server")
-                    return
-                await ex.respond(200, dumps(answer.final(whole=True)))
-        except UpstreamError as exc:
-            if not ex.started:
-                await send_error(ex, 500, f"the model's server closed the connection: {exc}")
-            else:
-                ex.keep_alive = False  # the stream is cut: it must look cut
-        finally:
-            await _close(upstream)
-            _observe(ctx, ex, status)
+        async with _on_slot(ctx, ex, grant, child) as body:
+            await _relay(ctx, ex, grant, child.target, body, answer, stream)
 
     await lease(ctx, ex, entry, keep_alive, work, tokens)
+
+
+@asynccontextmanager
+async def _on_slot(
+    ctx: Router, ex: Exchange, grant: Grant, child: ChildRequest
+) -> AsyncIterator[dict[str, Any]]:
+    """The child's body, held on one of its slots while it runs, as an OpenAI request
+    is (`troupe.kvstore`): a returning conversation finds its slot, or is restored."""
+    if ctx.kv is None:
+        yield child.body
+        return
+    conv = ex.header(b"x-conversation-id") or ""
+    args = (grant.model, grant.gen, grant.port, child.target, child.body, conv)
+    async with ctx.kv.held(*args) as slot:
+        yield child.body if slot is None else {**child.body, "id_slot": slot}
+
+
+async def _relay(
+    ctx: Router, ex: Exchange, grant: Grant, target: str, body: dict[str, Any],
+    answer: Answer, stream: bool,
+) -> None:  # fmt: skip
+    status = 500
+    try:
+        upstream = await _post(ctx, ex, grant, target, body)
+    except UpstreamError as exc:
+        await send_error(ex, 500, f"the model's server failed: {exc}")
+        _observe(ctx, ex, 500)
+        return
+    try:
+        status = upstream.status_code
+        if status != 200:
+            await send_error(ex, status, error_message(status, await _whole(upstream)))
+        elif stream:
+            await _stream(ex, upstream, answer)
+        else:
+            raw = await _whole(upstream)
+            try:
+                answer.on_whole(json.loads(raw))
+            except ValueError:
+                await send_error(ex, 500, "unreadable answer from the model's server")
+                return
+            await ex.respond(200, dumps(answer.final(whole=True)))
+    except UpstreamError as exc:
+        if not ex.started:
+            await send_error(ex, 500, f"the model's server closed the connection: {exc}")
+        else:
+            ex.keep_alive = False  # the stream is cut: it must look cut
+    finally:
+        await _close(upstream)
+        _observe(ctx, ex, status)
 
 
 def _as_started(entry: ModelEntry, option: str, value: Any) -> bool:
@@ -272,6 +296,11 @@ async def _embed(ctx: Router, ex: Exchange, key: str) -> None:
         return
     name = str(req.get("model") or req.get("name"))
     started = time.monotonic()
+    counted: list[int] = []
+
+    def tokens(rec: AccessRecord) -> None:
+        if counted:
+            rec.prompt_tokens = counted[0]
 
     async def work(grant: Grant, waited: float) -> None:
         vectors: list[Any] = []
@@ -285,6 +314,7 @@ async def _embed(ctx: Router, ex: Exchange, key: str) -> None:
             data = sorted(parsed.get("data") or [], key=lambda d: d.get("index", 0))
             vectors = [d.get("embedding") for d in data]
             prompt_n = int((parsed.get("usage") or {}).get("prompt_tokens") or 0)
+            counted.append(prompt_n)
         if key == "prompt":
             await ex.respond(200, dumps({"embedding": vectors[0] if vectors else []}))
             return
@@ -297,7 +327,7 @@ async def _embed(ctx: Router, ex: Exchange, key: str) -> None:
         }
         await ex.respond(200, dumps(out))
 
-    await lease(ctx, ex, entry, keep_alive, work)
+    await lease(ctx, ex, entry, keep_alive, work, tokens)
 
 
 async def _fetch_json(ctx: Router, ex: Exchange, grant: Grant, body: Any) -> tuple[int, Any]:

@@ -8,6 +8,7 @@ stops the child's generation at once.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Awaitable, Callable
 
@@ -15,6 +16,7 @@ import trio
 
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.proxy.upstream import UpstreamResponse
+from troupe.realtime.events import new_id
 from troupe.router import Router
 from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant
 
@@ -28,6 +30,9 @@ class ChildCall:
         self.ctx = ctx
         self.model = model
         self.autoload = autoload
+        # The session is one conversation: the KV store keeps it on its slot of the
+        # child, or restores it there when other conversations took the slot meanwhile.
+        self.conversation = new_id("realtime")
         # Children inherit the router's keys; the client's key goes on, as the relay does.
         self._auth = [(b"authorization", f"Bearer {api_key}".encode())] if api_key else []
 
@@ -51,12 +56,20 @@ class ChildCall:
                 (b"content-type", content_type.encode()),
                 *self._auth,
             ]
-            upstream = await self.ctx.relay.pool.request(grant, "POST", target, headers, body)
-            try:
-                await handle(upstream)
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
-                    await upstream.aclose()
+            async with contextlib.AsyncExitStack() as held:
+                sent = body
+                if self.ctx.kv is not None:
+                    sent = await held.enter_async_context(
+                        self.ctx.kv.steered(
+                            grant.model, grant.gen, grant.port, target, body, self.conversation
+                        )
+                    )
+                upstream = await self.ctx.relay.pool.request(grant, "POST", target, headers, sent)
+                try:
+                    await handle(upstream)
+                finally:
+                    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
+                        await upstream.aclose()
 
         await self._leased(work)
 

@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from troupe.kvstore import KvService, KvStore
+from troupe.kvstore.service import with_slot
 
 
 @pytest.mark.parametrize(
@@ -42,3 +43,25 @@ async def test_a_request_the_engine_runs_as_several_tasks_is_not_held_on_a_slot(
         await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
     assert asked == []  # not even its slots were read
+
+
+@pytest.mark.parametrize(
+    ("body", "spliced"),
+    [
+        (b'{"model": "m", "prompt": "a \\u00e9 story"}', True),
+        (b'\n  {"model": "m"}  ', True),
+        (b"{}", True),
+        (b'{"model": "m", "id_slot": -1}', False),  # its own -1 would win over ours
+        ('\ufeff{"model": "m"}'.encode(), False),  # a BOM first
+        ('{"model": "m"}'.encode("utf-16-le"), False),  # Python reads it; not UTF-8
+    ],
+)
+def test_the_slot_goes_in_the_client_s_own_bytes_when_they_are_plain_utf8(
+    body: bytes, spliced: bool
+) -> None:
+    request = json.loads(body)
+    sent = with_slot(body, request, 3)
+    assert json.loads(sent) == {**request, "id_slot": 3}
+    # Spliced: everything after its opening brace is as the client sent it.
+    rest = body[body.index(b"{") + 1 :]
+    assert sent.endswith(rest) == spliced
