@@ -9,6 +9,7 @@ import json
 import math
 import os
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -41,16 +42,27 @@ GREEDY = {"temperature": 0, "seed": 1}
 _OPEN: list[ollama.AsyncClient] = []
 
 
-@pytest.fixture(autouse=True)
-async def _close_clients() -> AsyncIterator[None]:
-    yield
-    while _OPEN:
-        await _OPEN.pop().close()
+@pytest.fixture
+def real_router(real_router: RouterFactory) -> RouterFactory:
+    """The conftest's, closing this module's clients when each router exits (pytest-trio
+    runs no autouse async fixture: the clients' sockets would stay open until exit)."""
+
+    @asynccontextmanager
+    async def factory(*args: str, **kwargs: Any) -> AsyncIterator[RunningRouter]:
+        async with real_router(*args, **kwargs) as router:
+            try:
+                yield router
+            finally:
+                with trio.CancelScope(shield=True):
+                    while _OPEN:
+                        await _OPEN.pop().close()
+
+    return factory
 
 
 def client(router: RunningRouter, **kwargs: Any) -> ollama.AsyncClient:
     """The official client, pointed at troupe as a user points it at Ollama (closed
-    when the test ends)."""
+    when its router exits)."""
     api = ollama.AsyncClient(host=router.url, timeout=120, **kwargs)
     _OPEN.append(api)
     return api
