@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,31 +10,7 @@ import pytest
 from troupe import engine as engine_mod
 from troupe.engine import find_engine
 from troupe.errors import EngineNotFound
-
-
-def run_troupe(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "troupe", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=full_env,
-        cwd=cwd,
-        check=False,
-    )
-
-
-def assert_one_line_error(done: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert done.returncode != 0
-    assert "Traceback" not in done.stderr
-    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("troupe: error:")]
-    assert len(lines) == 1, done.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+from troupe_rig.cli import assert_one_line_error, run_troupe
 
 
 def test_help_lists_commands_and_serve_help_lists_router_flags() -> None:

@@ -3,30 +3,10 @@ non-zero exit, never a traceback."""
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
-
-def run_troupe(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "troupe", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
-
-
-def assert_one_line_error(done: subprocess.CompletedProcess[str], fragment: str) -> None:
-    assert done.returncode != 0
-    assert "Traceback" not in done.stderr
-    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("troupe: error:")]
-    assert len(lines) == 1, done.stderr
-    assert fragment in lines[0], lines[0]
+from troupe_rig.cli import assert_one_line_error, run_troupe
 
 
 def _closed_port() -> int:
