@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -125,6 +126,40 @@ def start_process(
             start_new_session=True,
         )
     return Proc(name, popen, log)
+
+
+def print_child_flags(flags: Sequence[str]) -> None:
+    """Said before a relay bench's figures: its children's hand-set ``--threads 1`` (the
+    same for every target) is part of what they mean."""
+    print(
+        f"child flags: {' '.join(flags)} (one thread for every target: the relay's own cost"
+        " is measured, not how children share the cores; bench/swaps.py and bench/cpu.py"
+        " run the engine's defaults)"
+    )
+
+
+def serve_tiny_both_ways(
+    stack: contextlib.ExitStack, tmp: Path, engine: Path, model: Path, alias: str,
+    child_args: Sequence[str],
+) -> tuple[dict[str, str], dict[str, Proc]]:  # fmt: skip
+    """``model`` served by the engine alone (``direct``) and by ``troupe serve`` over its
+    folder (``troupe``) with the same child flags: their URLs, once listening, and their
+    processes, each stopped when ``stack`` closes."""
+    host = ["--host", "127.0.0.1", "--port", "0"]
+    env = dict(os.environ)
+    env.pop("LLAMA_SERVER_ROUTER_PORT", None)
+    commands = {
+        "direct": [str(engine), "--model", str(model), "--alias", alias, *host, *child_args],
+        "troupe": [sys.executable, "-m", "troupe", "serve", "--engine", str(engine),
+                   "--state-dir", str(tmp / "state"), "--models-dir", str(model.parent),
+                   *host, *child_args],
+    }  # fmt: skip
+    urls, procs = {}, {}
+    for name, argv in commands.items():
+        procs[name] = proc = start_process(name, argv, tmp, env)
+        stack.callback(proc.stop, 15.0)
+        urls[name] = proc.wait_listening(60)
+    return urls, procs
 
 
 def http_json(url: str, body: object | None = None, timeout: float = 60.0) -> tuple[int, object]:

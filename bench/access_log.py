@@ -29,6 +29,7 @@ from pathlib import Path
 
 import _relay
 import proxy
+from _util import print_child_flags
 from proxy import BASELINE, LOGGED, _process_stack, measure, scenarios, start_targets
 from troupe.engine import find_engine
 
@@ -46,6 +47,7 @@ def main() -> int:
     ap.add_argument("--baseline", type=Path, help="src/ of another checkout, measured too")
     ap.add_argument("--sse-child", action="store_true", help="bench/_sse_engine.py as child")
     args = ap.parse_args()
+    print_child_flags(proxy.CHILD_ARGS)
     tmp = Path(tempfile.mkdtemp(prefix="troupe-bench-access-"))
     engine = _relay.write_engine(tmp) if args.sse_child else find_engine()[0]
     cpu: dict[tuple[str, str], list[float]] = {}

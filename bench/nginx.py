@@ -22,7 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from _util import HttpRequest, http_json, percentile, start_process, stream_events
+from _util import (
+    HttpRequest,
+    http_json,
+    percentile,
+    print_child_flags,
+    start_process,
+    stream_events,
+)
 from troupe.engine import find_engine
 from troupe_rig import TinyModel, write_tiny_models
 from troupe_rig.engine_process import free_port
@@ -89,6 +96,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a few runs, to see that it works")
     parser.add_argument("--runs", type=int, default=60, help="streams per target (default 60)")
     args = parser.parse_args()
+    print_child_flags(CHILD_ARGS)
     runs = 5 if args.quick else args.runs
     body = {"model": MODEL.name, "prompt": "hello", "n_predict": 8, "stream": True,
             "cache_prompt": False}  # fmt: skip

@@ -21,9 +21,7 @@ import argparse
 import contextlib
 import http.client
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 import timeit
@@ -33,7 +31,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from _util import start_process
+from _util import print_child_flags, serve_tiny_both_ways
 from troupe.engine import find_engine
 from troupe.http.routes import ROUTES
 from troupe.ollama import OLLAMA_ROUTES, OLLAMA_UNDER
@@ -99,6 +97,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--tokens", type=int, default=2000, help="length of the long response")
     args = parser.parse_args()
+    print_child_flags(CHILD_ARGS)
     rounds, tokens = (5, 300) if args.quick else (args.rounds, args.tokens)
     print("route lookup (ns)                       llama.cpp's   + /api/*   ratio")
     for name, alone, both in lookups():
@@ -110,23 +109,8 @@ def main() -> int:
     ):
         tmp = Path(tmp_name)
         (model,) = write_tiny_models(tmp / "models", [MODEL])
-        host = ["--host", "127.0.0.1", "--port", "0"]
-        env = dict(os.environ)
-        env.pop("LLAMA_SERVER_ROUTER_PORT", None)
-        direct = [str(engine), "--model", str(model), "--alias", MODEL.name]
-        commands = {
-            "direct": [*direct, *host, *CHILD_ARGS],
-            "troupe": [sys.executable, "-m", "troupe", "serve", "--engine", str(engine),
-                       "--state-dir", str(tmp / "state"), "--models-dir", str(tmp / "models"),
-                       *host, *CHILD_ARGS],
-        }  # fmt: skip
-        urls, pids = {}, {}
-        for name, argv in commands.items():
-            proc = start_process(name, argv, tmp, env)
-            stack.callback(proc.stop, 15.0)
-            urls[name] = proc.wait_listening(60)
-            pids[name] = proc.popen.pid
-        troupe_proc = psutil.Process(pids["troupe"])
+        urls, procs = serve_tiny_both_ways(stack, tmp, engine, model, MODEL.name, CHILD_ARGS)
+        troupe_proc = psutil.Process(procs["troupe"].pid)
         ways = {
             "/api/chat via troupe": (urls["troupe"], "/api/chat"),
             "/v1/chat via troupe": (urls["troupe"], "/v1/chat/completions"),

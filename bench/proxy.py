@@ -60,6 +60,7 @@ from _util import (
     Proc,
     SseResult,
     http_json,
+    print_child_flags,
     run_load,
     run_wrk,
     start_process,
@@ -563,6 +564,7 @@ def _finish_profile(spy: subprocess.Popen[bytes], tmp: Path, top: int = 15) -> l
 
 def main() -> int:
     args = _parse_args()
+    print_child_flags(CHILD_ARGS)
     load = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="troupe-bench-proxy-"))
     engine = write_fake_engine(tmp) if args.fake else find_engine(args.engine)[0]

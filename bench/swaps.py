@@ -23,6 +23,12 @@ turns the drift falls on both alike. The trace's figures are the medians over th
 (each round's are printed too).
 
     .venv/bin/python bench/swaps.py [--quick] [--rounds N] [--swaps N] [--requests N]
+        [--child-threads N]
+
+Every child runs with the engine's default flags but ``-c 256 --parallel 2``: the C++
+router's children then share every core (each takes them all), troupe's are placed
+(`troupe.sched.placement`). ``--child-threads 1`` is the hand-tuned setting that hides
+the difference.
 """
 
 from __future__ import annotations
@@ -53,7 +59,9 @@ from troupe_rig.pagecache import drop_pages, resident_fraction
 MODELS = [TinyModel(name=n, seed=i, n_ctx=256) for i, n in enumerate(("m-a", "m-b", "m-c"))]
 BIG = TinyModel(name="m-big", seed=9, n_layer=16, n_embd=512, n_ctx=256)  # about 126 MB
 BURST = 8  # requests of 200 tokens that keep m-a busy while m-big waits
-CHILD_ARGS = ["--ctx-size", "256", "--threads", "1", "--parallel", "2"]
+# The engine's defaults for everything else (threads: every core), as users run it;
+# --child-threads adds one --threads to every child (and says so in the figures).
+CHILD_ARGS = ["--ctx-size", "256", "--parallel", "2"]
 WEIGHTS = (0.55, 0.40, 0.05)  # m-c is the rare model
 EXIT_COMMAND = b"cmd_router_to_child:exit\n"
 
@@ -270,7 +278,14 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=30)
     parser.add_argument("--tokens", type=int, default=32, help="generated per trace request")
     parser.add_argument("--cold", type=int, default=5, help="cold swaps behind a busy model")
+    parser.add_argument(
+        "--child-threads", type=int, help="--threads N for every child (default: the engine's)"
+    )
     args = parser.parse_args()
+    if args.child_threads:
+        CHILD_ARGS.extend(["--threads", str(args.child_threads)])
+    placed = "" if args.child_threads else " (else the engine's defaults; troupe places them)"
+    print(f"child flags: {' '.join(CHILD_ARGS)}{placed}")
     if args.quick:
         args.swaps, args.requests, args.clients, args.tokens, args.cold = 6, 60, 10, 8, 2
         args.rounds = 1
