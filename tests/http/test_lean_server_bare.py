@@ -9,6 +9,7 @@ from troupe.http.server.config import ServerConfig
 from troupe.http.server.exchange import Exchange
 from troupe.http.server.lifecycle import HttpServer
 from troupe.http.server.parse import Refusal, Request
+from troupe_rig.bare_server import read_all, serve_bare
 
 
 class Echo:
@@ -43,21 +44,7 @@ class Echo:
 
 
 async def start(nursery: trio.Nursery, config: ServerConfig) -> tuple[HttpServer, Echo, int]:
-    handler = Echo()
-    server = HttpServer(handler, config)
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    await nursery.start(server.serve, listeners)
-    return server, handler, port
-
-
-async def read_all(stream: trio.SocketStream) -> bytes:
-    data = b""
-    with trio.fail_after(10):
-        while chunk := await stream.receive_some(65536):
-            data += chunk
-    await stream.aclose()
-    return data
+    return await serve_bare(nursery, Echo(), config)
 
 
 async def test_a_client_trickling_its_head_gets_408_and_the_close() -> None:
