@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -126,6 +126,21 @@ def start_process(
             start_new_session=True,
         )
     return Proc(name, popen, log)
+
+
+@contextlib.contextmanager
+def serving(
+    name: str, argv: Sequence[str], log_dir: Path, wait: float = 60.0, grace: float = 20.0
+) -> Iterator[str]:
+    """``argv`` (a router or a server, not a child of one) started, its URL once it
+    listens; stopped when the block ends."""
+    env = dict(os.environ)
+    env.pop("LLAMA_SERVER_ROUTER_PORT", None)  # set when the bench runs under a router
+    proc = start_process(name, argv, log_dir, env)
+    try:
+        yield proc.wait_listening(wait)
+    finally:
+        proc.stop(grace)
 
 
 def print_child_flags(flags: Sequence[str]) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from _util import http_json, start_process
+from _util import http_json, serving
 from troupe.demo import assemble_demo_model
 from troupe.engine import find_engine
 
@@ -111,13 +110,8 @@ def router(kind: str, engine: Path, tmp: Path, ctx: int, state: Path) -> Iterato
                 "--state-dir", str(state), "--log-level", "warning", *common]  # fmt: skip
         if kind == "off":
             argv += ["--kv-store", "off"]
-    env = dict(os.environ)
-    env.pop("LLAMA_SERVER_ROUTER_PORT", None)
-    proc = start_process(f"{kind}-{state.name}", argv, tmp, env)
-    try:
-        yield proc.wait_listening(120)
-    finally:
-        proc.stop(30.0)
+    with serving(f"{kind}-{state.name}", argv, tmp, wait=120, grace=30) as url:
+        yield url
 
 
 def kv_figures(url: str, into: dict[str, float]) -> None:

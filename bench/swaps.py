@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from _util import http_json, percentile, start_process
+from _util import http_json, percentile, serving
 from troupe.engine import find_engine
 from troupe_rig import TinyModel, write_tiny_models
 from troupe_rig.engine_process import free_port
@@ -99,13 +99,8 @@ def router(kind: str, engine: Path, tmp: Path, models_max: int) -> Iterator[str]
                 *host, *limit, *CHILD_ARGS]  # fmt: skip
     else:
         argv = [str(engine), *host, *limit, *CHILD_ARGS]
-    env = dict(os.environ)
-    env.pop("LLAMA_SERVER_ROUTER_PORT", None)
-    proc = start_process(f"{kind}-{models_max}", argv, tmp, env)
-    try:
-        yield proc.wait_listening(60)
-    finally:
-        proc.stop(20.0)
+    with serving(f"{kind}-{models_max}", argv, tmp) as url:
+        yield url
 
 
 class LoadCounter:
