@@ -18,6 +18,7 @@ __all__ = [
     "PROXY_GET_WITH_MODEL",
     "PROXY_POST_PATHS",
     "dumps",
+    "last_object",
     "strip_prefix",
 ]
 
@@ -63,6 +64,25 @@ PROXY_GET_PATHS = frozenset({"/slots", "/lora-adapters"})
 # Proxied only with ?model=; without it the router answers: GET /props (upstream), and
 # GET /metrics, troupe's own metrics (upstream answers 400 there: a deliberate deviation).
 PROXY_GET_WITH_MODEL = frozenset({"/props", "/metrics"})
+
+
+_DECODER = json.JSONDecoder()
+
+
+def last_object(data: bytes, key: bytes) -> dict[str, Any] | None:
+    """The JSON object after the last ``"key":`` in ``data`` (an answer, or its last
+    bytes: llama-server's ``usage`` and ``timings`` come last), or None."""
+    at = data.rfind(b'"' + key + b'"')
+    if at < 0:
+        return None
+    start = data.find(b"{", at)
+    if start < 0:
+        return None
+    try:
+        value, _ = _DECODER.raw_decode(data[start:].decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def dumps(value: Any) -> bytes:

@@ -17,6 +17,7 @@ from troupe.http.cluster_forward import forward_elsewhere, stream_elsewhere
 from troupe.http.errors import error_body
 from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
+from troupe.kvstore import Hold, tokens_held
 from troupe.ops.access import AccessRecord
 from troupe.proxy.relay import ChildLost, RelayReport
 from troupe.router import Router
@@ -209,13 +210,15 @@ async def _lease_and_relay(
             await ex.respond(501, error_body(message, "not_supported_error"))
             return
         async with contextlib.AsyncExitStack() as stack:
+            hold: Hold | None = None
             if ctx.kv is not None and ex.method == "POST":
                 # Held on a slot of this child while it is relayed: its conversation's,
                 # or one whose conversation the store saved first, with this one's
                 # stored entry restored into it (bounded; any trouble leaves it as it came).
-                body = await stack.enter_async_context(
+                hold = await stack.enter_async_context(
                     ctx.kv.steered(grant.model, grant.gen, grant.port, ex.path, body, conv_id)
                 )
+                body = hold.body
             await ctx.relay.relay(
                 ex,
                 child=grant,
@@ -224,6 +227,8 @@ async def _lease_and_relay(
                 crash_detail=_crash_detail(ctx, grant.model),
                 report=report,
             )
+            if hold is not None and hold.slot is not None:
+                hold.tokens = tokens_held(report.tail)  # what the slot holds now
     finally:
         await scheduler.release(rid)
 

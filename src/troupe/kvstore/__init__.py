@@ -5,7 +5,7 @@
 """
 
 from troupe.kvstore.identity import kv_identity
-from troupe.kvstore.service import KvService
+from troupe.kvstore.service import Hold, KvService, tokens_held, tokens_in
 from troupe.kvstore.store import KvEntry, KvStore
 
-__all__ = ["KvEntry", "KvService", "KvStore", "kv_identity"]
+__all__ = ["Hold", "KvEntry", "KvService", "KvStore", "kv_identity", "tokens_held", "tokens_in"]

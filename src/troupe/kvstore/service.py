@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 import trio
 
+from troupe.api import last_object
 from troupe.kvstore.engine_api import EngineCallFailed, call
 from troupe.kvstore.identity import kv_identity
 from troupe.kvstore.metrics import KvMetrics
@@ -34,7 +35,7 @@ from troupe.kvstore.slots import Claim, SlotMap, request_text
 from troupe.kvstore.store import KvEntry, KvStore, describe, write_sidecar
 from troupe.modellog import about
 
-__all__ = ["KvService"]
+__all__ = ["Hold", "KvService", "tokens_held", "tokens_in"]
 
 log = logging.getLogger("troupe.kvstore")
 
@@ -42,6 +43,17 @@ MIN_TOKENS = 256  # a slot holding fewer cached tokens is cheap to compute again
 SAVE_SECONDS = 10.0  # all of one stop's saves
 SLOTS_SECONDS = 2.0  # GET /slots (before a stop, or for a child's first request)
 RESTORE_SECONDS = 10.0  # one request's save, lookup and restore
+
+
+@attrs.define
+class Hold:
+    """One request's place on a slot of its child while it runs (`KvService.held`)."""
+
+    slot: int | None  # sent as ``id_slot``; None: sent as it came (not steered)
+    body: bytes = b""  # (`KvService.steered`) the bytes to send
+    # The caller's count, from the answer, of the tokens the slot holds after it
+    # (`tokens_held`): a slot under the store's threshold is then taken without a save.
+    tokens: int | None = None
 
 
 @attrs.define
@@ -208,45 +220,47 @@ class KvService:
     @asynccontextmanager
     async def steered(
         self, model: str, gen: int, port: int, path: str, body: bytes, conv: str = ""
-    ) -> AsyncIterator[bytes]:
-        """``body`` to send to the child, held on a slot until the block exits (see
-        `held`); any trouble, or a body that is not a JSON object, leaves it as it came."""
+    ) -> AsyncIterator[Hold]:
+        """`held` for bytes: the hold's ``body`` is what to send to the child; any
+        trouble, or a body that is not a JSON object, leaves it as it came."""
         kind = route(path)
         request: Any = None
         if kind is not None and model in self._idents:
             with contextlib.suppress(ValueError):
                 request = json.loads(body)
         if not isinstance(request, dict):
-            yield body
+            yield Hold(None, body)
             return
-        async with self.held(model, gen, port, path, request, conv) as slot:
-            yield body if slot is None else with_slot(body, request, slot)
+        async with self.held(model, gen, port, path, request, conv) as hold:
+            hold.body = body if hold.slot is None else with_slot(body, request, hold.slot)
+            yield hold
 
     @asynccontextmanager
     async def held(
         self, model: str, gen: int, port: int, path: str, request: dict[str, Any], conv: str = ""
-    ) -> AsyncIterator[int | None]:
+    ) -> AsyncIterator[Hold]:
         """The slot ``request`` is to run on (sent as ``id_slot``), held until the block
         exits: the slot of its conversation when that is still on one; else an empty
         slot, or the least recently used idle one (its conversation saved to the store
         first), with the stored entry sharing the longest prefix with the prompt
-        restored into it. None: sent as it is (not steered, or the client chose)."""
+        restored into it. No slot: sent as it is (not steered, or the client chose)."""
         kind = route(path)
         ident = self._idents.get(model)
         if ident is None or kind is None or _several_tasks(request):
-            yield None  # (several tasks: the engine spreads them over slots itself)
+            yield Hold(None)  # (several tasks: the engine spreads them over slots itself)
             return
         slots = await self._slot_map(model, gen, port)
         chosen = request.get("id_slot", -1)
         if slots is None or chosen != -1:
             if slots is not None and isinstance(chosen, int):
                 slots.overwritten(chosen)  # the client's own choice: its content unknown
-            yield None
+            yield Hold(None)
             return
         claim = await slots.claim(conv, request_text(request))
         if claim is None:
-            yield None
+            yield Hold(None)
             return
+        hold = Hold(claim.slot)
         answered = False
         try:
             # Shielded and bounded: a client that leaves meanwhile cannot cut a save or
@@ -257,12 +271,12 @@ class KvService:
                     await self._prepare(model, ident, port, kind, request, slots, claim)
                 except Exception:  # the store is an optimisation: never the request's failure
                     about(log, model).exception("KV: moving slot %d failed", claim.slot)
-            yield claim.slot
+            yield hold
             answered = True
         finally:
             # Not answered (the client left, the child failed): what the slot holds is
             # unknown, and it is saved before another conversation takes it.
-            slots.release(claim, answered)
+            slots.release(claim, answered, hold.tokens)
 
     async def _prepare(
         self,
@@ -299,7 +313,8 @@ class KvService:
                     slots = await call(port, "GET", "/slots")
                     ids = [s["id"] for s in slots if isinstance(s.get("id"), int)]
                     served = {s["id"] for s in slots if "id_task" in s}
-                    once.map = SlotMap(ids, served, keeps=self._keeps.get(model, True))
+                    keeps = self._keeps.get(model, True)
+                    once.map = SlotMap(ids, served, keeps, min_tokens=self.min_tokens)
                 if once.map is None and self._maps.get(model) is pending:
                     del self._maps[model]  # too slow to answer now: the next request asks again
             except OSError as exc:
@@ -339,3 +354,19 @@ def with_slot(body: bytes, request: dict[str, Any], slot: int) -> bytes:
         return json.dumps({**request, "id_slot": slot}).encode()
     sep = b"" if not request else b","
     return b'%s{"id_slot":%d%s%s' % (body[:start], slot, sep, body[start + 1 :])
+
+
+def tokens_held(answer: bytes) -> int | None:
+    """The tokens a slot holds after ``answer`` (a whole JSON answer, or the last bytes
+    of a stream), from its ``timings`` (`tokens_in`)."""
+    return tokens_in(last_object(answer, b"timings"))
+
+
+def tokens_in(timings: object) -> int | None:
+    """An answer's ``timings``: cached + evaluated + predicted tokens (what its slot
+    holds after it). None when it does not say."""
+    if not isinstance(timings, dict):
+        return None
+    counts = [timings.get(k) for k in ("cache_n", "prompt_n", "predicted_n")]
+    ints = [c for c in counts if isinstance(c, int) and not isinstance(c, bool)]
+    return sum(ints) if len(ints) == len(counts) else None

@@ -54,6 +54,7 @@ class _Slot:
     text: str | None = ""  # its last request's text ("": empty slot; None: unknown content)
     busy: bool = False
     last_used: float = 0.0
+    tokens: int | None = None  # the tokens it holds, when its last answer said (timings)
 
 
 @attrs.frozen
@@ -68,10 +69,15 @@ class Claim:
 class SlotMap:
     """One child's slots. ``keeps``: the child keeps an idle slot's cells (troupe gave it
     ``--no-cache-idle-slots``); otherwise its engine clears idle slots when a task starts,
-    and only slots that never served are claimed (a restore into them is all there is)."""
+    and only slots that never served are claimed (a restore into them is all there is).
+    A slot known to hold fewer than ``min_tokens`` is taken without a save (the store
+    would not keep it: cheaper to compute again than the save's round trip)."""
 
-    def __init__(self, ids: list[int], served: set[int], keeps: bool = True) -> None:
+    def __init__(
+        self, ids: list[int], served: set[int], keeps: bool = True, min_tokens: int = 0
+    ) -> None:
         self.keeps = keeps
+        self.min_tokens = min_tokens
         # A slot that served before the map existed holds something we cannot name.
         self._slots = {i: _Slot(i, text=None if i in served else "") for i in ids}
         self._freed = trio.Event()
@@ -105,9 +111,10 @@ class SlotMap:
         return best[1] if best else None
 
     def _take(self, s: _Slot, conv: str, text: str, own: bool) -> Claim:
-        claim = Claim(s.id, own=own, evict=not own and s.text != "")
+        small = s.tokens is not None and s.tokens < self.min_tokens
+        claim = Claim(s.id, own=own, evict=not own and s.text != "" and not small)
         s.busy = True
-        s.conv, s.text = conv, text
+        s.conv, s.text, s.tokens = conv, text, None  # its size: unknown until it answers
         s.last_used = trio.current_time()
         return claim
 
@@ -120,12 +127,13 @@ class SlotMap:
                 return got
             await self._freed.wait()
 
-    def release(self, claim: Claim, answered: bool) -> None:
-        """The request left its slot. Not ``answered`` (never sent, cut short): what the
-        slot holds is unknown."""
+    def release(self, claim: Claim, answered: bool, tokens: int | None = None) -> None:
+        """The request left its slot, which now holds ``tokens`` (None: not said). Not
+        ``answered`` (never sent, cut short): what the slot holds is unknown."""
         s = self._slots[claim.slot]
         s.busy = False
         s.last_used = trio.current_time()
+        s.tokens = tokens if answered else None
         if not answered:
             s.conv, s.text = "", None
         self._freed.set()
@@ -135,4 +143,4 @@ class SlotMap:
         """A request the map did not place (its own ``id_slot``) used ``slot``."""
         s = self._slots.get(slot)
         if s is not None and not s.busy:
-            s.conv, s.text = "", None
+            s.conv, s.text, s.tokens = "", None, None

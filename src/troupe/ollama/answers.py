@@ -13,6 +13,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from troupe.kvstore import tokens_in
+
 __all__ = ["Answer", "created_at", "error_message"]
 
 Json = dict[str, Any]
@@ -66,12 +68,14 @@ class Answer:
         self.predicted_n: int | None = None
         self.prompt_ms: float | None = None
         self.predicted_ms: float | None = None
+        self.slot_tokens: int | None = None  # what the child's slot holds after it
 
     # ----- reading --------------------------------------------------------------------
 
     def _counts(self, data: Json) -> None:
         timings = data.get("timings")
         if isinstance(timings, dict):
+            self.slot_tokens = tokens_in(timings)
             self.prompt_n = _int(timings.get("prompt_n"), self.prompt_n)
             self.predicted_n = _int(timings.get("predicted_n"), self.predicted_n)
             self.prompt_ms = _float(timings.get("prompt_ms"), self.prompt_ms)

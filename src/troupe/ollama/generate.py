@@ -21,6 +21,7 @@ import trio
 from troupe.api import dumps
 from troupe.catalog import ModelEntry
 from troupe.http.server.exchange import Exchange
+from troupe.kvstore import Hold
 from troupe.ollama.answers import Answer, created_at, error_message
 from troupe.ollama.common import (
     NDJSON,
@@ -95,8 +96,10 @@ async def _answer(
     async def work(grant: Grant, waited: float) -> None:
         answer = Answer(name, chat=chat, kind=child.kind, started=started, load_s=waited)
         answers.append(answer)
-        async with _on_slot(ctx, ex, grant, child) as body:
+        async with _on_slot(ctx, ex, grant, child) as hold:
+            body = child.body if hold.slot is None else {**child.body, "id_slot": hold.slot}
             await _relay(ctx, ex, grant, child.target, body, answer, stream)
+            hold.tokens = answer.slot_tokens
 
     await lease(ctx, ex, entry, keep_alive, work, tokens)
 
@@ -104,16 +107,16 @@ async def _answer(
 @asynccontextmanager
 async def _on_slot(
     ctx: Router, ex: Exchange, grant: Grant, child: ChildRequest
-) -> AsyncIterator[dict[str, Any]]:
-    """The child's body, held on one of its slots while it runs, as an OpenAI request
-    is (`troupe.kvstore`): a returning conversation finds its slot, or is restored."""
+) -> AsyncIterator[Hold]:
+    """Held on one of the child's slots while it runs, as an OpenAI request is
+    (`troupe.kvstore`): a returning conversation finds its slot, or is restored."""
     if ctx.kv is None:
-        yield child.body
+        yield Hold(None)
         return
     conv = ex.header(b"x-conversation-id") or ""
     args = (grant.model, grant.gen, grant.port, child.target, child.body, conv)
-    async with ctx.kv.held(*args) as slot:
-        yield child.body if slot is None else {**child.body, "id_slot": slot}
+    async with ctx.kv.held(*args) as hold:
+        yield hold
 
 
 async def _relay(

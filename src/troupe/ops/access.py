@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 import trio
 
+from troupe.api import last_object
 from troupe.ops.access_lines import LineFormat, direct_format
 
 __all__ = ["ALL_KINDS", "DEFAULT_KINDS", "AccessRecord", "RequestLog", "read_usage"]
@@ -34,7 +35,6 @@ ALL_KINDS = frozenset({"proxied", "realtime", "local"})
 DEFAULT_KINDS = frozenset({"proxied", "realtime"})  # the model traffic
 PENDING_MAX = 10_000  # access lines not yet written (beyond: the oldest are dropped)
 WRITE_EVERY = 0.05  # seconds: lines go out in batches, one write each, off the request path
-_DECODER = json.JSONDecoder()
 
 
 @attrs.define(slots=True)
@@ -110,21 +110,6 @@ _GET_FIELDS = operator.attrgetter(*_FIELDS)
 _SECONDS = ("queue_wait", "load_wait", "ttfb", "ttft", "duration", "tokens_per_second")
 
 
-def _object_after(tail: bytes, key: bytes) -> dict[str, Any] | None:
-    """The JSON object that follows the last ``"key":`` in ``tail``, or None."""
-    at = tail.rfind(b'"' + key + b'"')
-    if at < 0:
-        return None
-    start = tail.find(b"{", at)
-    if start < 0:
-        return None
-    try:
-        value, _ = _DECODER.raw_decode(tail[start:].decode("utf-8", "replace"))
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def _int(obj: dict[str, Any] | None, key: str) -> int | None:
     value = obj.get(key) if obj is not None else None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -135,8 +120,8 @@ def read_usage(tail: bytes, record: AccessRecord) -> None:
     and in a stream's last event), from the last bytes of its answer."""
     if b'"timings"' not in tail and b'"usage"' not in tail:
         return
-    usage = _object_after(tail, b"usage")
-    timings = _object_after(tail, b"timings")
+    usage = last_object(tail, b"usage")
+    timings = last_object(tail, b"timings")
     prompt = _int(usage, "prompt_tokens") or _int(usage, "input_tokens")
     completion = _int(usage, "completion_tokens") or _int(usage, "output_tokens")
     if timings is not None:

@@ -59,11 +59,12 @@ class ChildCall:
             async with contextlib.AsyncExitStack() as held:
                 sent = body
                 if self.ctx.kv is not None:
-                    sent = await held.enter_async_context(
+                    hold = await held.enter_async_context(
                         self.ctx.kv.steered(
                             grant.model, grant.gen, grant.port, target, body, self.conversation
                         )
                     )
+                    sent = hold.body
                 upstream = await self.ctx.relay.pool.request(grant, "POST", target, headers, sent)
                 try:
                     await handle(upstream)

@@ -127,3 +127,26 @@ def test_the_next_turn_extends_the_text(
     request_: dict[str, object], grows: dict[str, object]
 ) -> None:
     assert request_text(grows).startswith(request_text(request_))
+
+
+async def test_a_slot_known_to_hold_little_is_taken_without_a_save() -> None:
+    slots = SlotMap([0], served=set(), min_tokens=256)
+    claim = slots.choose("", A)
+    assert claim is not None
+    slots.release(claim, answered=True, tokens=255)  # its answer said: under the threshold
+    taken = slots.choose("", B)
+    assert taken is not None
+    assert (taken.slot, taken.evict) == (0, False)
+    slots.release(taken, answered=True, tokens=256)
+    again = slots.choose("", C)
+    assert again is not None
+    assert again.evict  # worth keeping: saved first
+    slots.release(again, answered=True)  # its size not said: saved, as before
+    last = slots.choose("", A)
+    assert last is not None
+    assert last.evict
+    # A request that was not answered leaves its slot's content (and size) unknown.
+    slots.release(last, answered=False, tokens=10)
+    after = slots.choose("", B)
+    assert after is not None
+    assert after.evict

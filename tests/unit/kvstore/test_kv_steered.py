@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from troupe.kvstore import KvService, KvStore
-from troupe.kvstore.service import with_slot
+from troupe.kvstore.service import tokens_held, with_slot
 
 
 @pytest.mark.parametrize(
@@ -38,8 +38,8 @@ async def test_a_request_the_engine_runs_as_several_tasks_is_not_held_on_a_slot(
         port = listeners[0].socket.getsockname()[1]
         body = json.dumps(request_).encode()
         path = "/v1/completions" if "prompt" in request_ else "/v1/chat/completions"
-        async with kv.steered("m", 1, port, path, body) as sent:
-            assert sent == body
+        async with kv.steered("m", 1, port, path, body) as hold:
+            assert (hold.slot, hold.body) == (None, body)
         await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
     assert asked == []  # not even its slots were read
@@ -65,3 +65,21 @@ def test_the_slot_goes_in_the_client_s_own_bytes_when_they_are_plain_utf8(
     # Spliced: everything after its opening brace is as the client sent it.
     rest = body[body.index(b"{") + 1 :]
     assert sent.endswith(rest) == spliced
+
+
+@pytest.mark.parametrize(
+    ("answer", "held"),
+    [
+        # A whole answer, and a stream's last event: cached + evaluated + predicted.
+        (b'{"usage":{"prompt_tokens":136},"timings":{"cache_n":135,"prompt_n":1,'
+         b'"prompt_ms":0.5,"predicted_n":4}}', 140),
+        (b'data: {"choices":[],"timings":{"cache_n":0,"prompt_n":59,"predicted_n":4}}\n\n'
+         b"data: [DONE]\n\n", 63),
+        (b'{"usage":{"prompt_tokens":136,"completion_tokens":4}}', None),  # no timings
+        (b'{"timings":{"prompt_n":59,"predicted_n":4}}', None),  # not all three
+        (b'{"timings":{"cache_n":true,"prompt_n":59,"predicted_n":4}}', None),
+        (b'"timings": {"cache_n": 1, "prompt', None),  # cut
+    ],
+)  # fmt: skip
+def test_a_slot_s_size_is_read_from_the_answer_s_timings(answer: bytes, held: int | None) -> None:
+    assert tokens_held(answer) == held
