@@ -5,10 +5,13 @@
   same KV layout, so the engine's projection counts it);
 - the instance actor's stop: `save_slots`, run before the exit command and bounded
   by the instance (a save that overruns is abandoned, the stop goes on);
-- the request path: `steered`, around a completion or chat request proxied to a child:
+- the request path: `held` (a parsed request: Ollama's, a realtime response's) or
+  `steered` (the client's bytes), around a completion or chat request sent to a child:
   the request is held on a slot of the child's `SlotMap` (its conversation's own, or one
   it takes: the conversation there saved first, the stored entry sharing the longest
-  prefix with the prompt restored), and sent to it (``id_slot``).
+  prefix with the prompt restored), and sent to it (``id_slot``); the caller tells the
+  `Hold` what the slot holds after the answer (`tokens_held`), so a slot too small to
+  keep is later taken without a save.
 
 Entries are keyed by `kv_identity` of the child's exact argv, so they never cross into
 a child whose KV layout differs.
