@@ -14,11 +14,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import ollama
 import pytest
 
 from troupe.demo import assemble_demo_model
 from troupe.kvstore import KvStore
 from troupe_rig.kv import chat, complete, kv_of, metric, text_of
+from troupe_rig.realtime_client import EventLog, run_asyncio, sdk_client
 from troupe_rig.router import RunningRouter, open_router, write_preset
 
 pytestmark = pytest.mark.engine
@@ -153,3 +155,49 @@ async def test_an_over_budget_store_costs_a_restore_never_a_request(
         await complete(r, "a", later(one, first))
         assert await metric(r, "troupe_kv_restores_total", model="a", result="restored") == 0
     assert not list((tmp_path / "state" / "kv").glob("*/*.bin"))
+
+
+async def _realtime_turn(url: str) -> str:
+    async with sdk_client(url) as sdk, sdk.realtime.connect(model="a") as conn:
+        log = EventLog(conn)
+        await log.next()
+        text = {"type": "input_text", "text": "Say hi."}
+        item = {"type": "message", "role": "user", "content": [text]}
+        await log.send({"type": "conversation.item.create", "item": item})
+        await log.send({"type": "response.create", "response": {"max_output_tokens": 4}})
+        done = await log.until("response.done")
+        return str(done[-1].response.status)
+
+
+async def test_a_short_conversation_s_slot_is_taken_without_a_save_on_every_route(
+    gemma: Path, tmp_path: Path, engine_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each route tells the store what its slot holds after the answer (the engine's
+    # timings): a slot under the threshold is taken with no save (the engine would write
+    # it and troupe read it back, only to drop it); one worth keeping is saved first.
+    async with router(tmp_path, engine_path, gemma, 1) as r:
+        kv = r.ctx.kv
+        assert kv is not None
+        saved: list[int] = []
+        save = kv._save_one
+
+        async def counted(model: str, ident: str, port: int, slot: int) -> None:
+            saved.append(slot)
+            await save(model, ident, port, slot)
+
+        monkeypatch.setattr(kv, "_save_one", counted)
+        await chat(r, "a", [{"role": "user", "content": "Hello there."}])
+        api = ollama.AsyncClient(host=r.url, timeout=120)
+        try:
+            said = await api.chat(model="a", messages=[{"role": "user", "content": "Hi."}],
+                                  options={"num_predict": 4})  # fmt: skip
+        finally:
+            await api.close()
+        assert said.done
+        assert await run_asyncio(_realtime_turn, r.url) in ("completed", "incomplete")
+        await chat(r, "a", [{"role": "user", "content": "And once more."}])
+        assert saved == []
+        await complete(r, "a", PROMPTS[0])  # about 400 tokens: worth keeping
+        await chat(r, "a", [{"role": "user", "content": "Short."}])
+        assert saved == [0]
+        assert await metric(r, "troupe_kv_saves_total", model="a", result="saved") == 1

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from troupe.actors.scheduler import ModelUnavailable
+from troupe.kvstore import Hold
 from troupe.proxy.upstream import UpstreamResponse
 from troupe.realtime.events import new_id
 from troupe.router import Router
@@ -42,8 +43,11 @@ class ChildCall:
         body: bytes,
         content_type: str,
         handle: Callable[[UpstreamResponse], Awaitable[None]],
+        held: Callable[[], int | None] | None = None,
     ) -> None:
-        """Lease the model, POST ``body`` to ``target`` and give the answer to ``handle``.
+        """Lease the model, POST ``body`` to ``target`` and give the answer to ``handle``;
+        ``held`` says, once it is handled, how many tokens the child's slot holds (for
+        the KV store: a slot too small to keep is later taken without a save).
 
         Raises `ModelUnavailable` (upstream's error) or `UpstreamError`.
         """
@@ -56,18 +60,20 @@ class ChildCall:
                 (b"content-type", content_type.encode()),
                 *self._auth,
             ]
-            async with contextlib.AsyncExitStack() as held:
-                sent = body
+            async with contextlib.AsyncExitStack() as stack:
+                hold: Hold | None = None
                 if self.ctx.kv is not None:
-                    hold = await held.enter_async_context(
+                    hold = await stack.enter_async_context(
                         self.ctx.kv.steered(
                             grant.model, grant.gen, grant.port, target, body, self.conversation
                         )
                     )
-                    sent = hold.body
+                sent = body if hold is None else hold.body
                 upstream = await self.ctx.relay.pool.request(grant, "POST", target, headers, sent)
                 try:
                     await handle(upstream)
+                    if hold is not None and held is not None:
+                        hold.tokens = held()
                 finally:
                     with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
                         await upstream.aclose()

@@ -82,7 +82,10 @@ class ResponseRun:
         body = json.dumps(chat_body(call.model, messages, spec.config)).encode()
         with self._scope:
             try:
-                await call.post("/v1/chat/completions", body, "application/json", self._stream)
+                await call.post(
+                    "/v1/chat/completions", body, "application/json", self._stream,
+                    held=lambda: self.out.slot_tokens,
+                )  # fmt: skip
             except ModelUnavailable as exc:
                 failure = exc.failure
                 self._failure = RealtimeError(

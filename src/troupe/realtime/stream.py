@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from troupe.kvstore import tokens_in
 from troupe.realtime.events import new_id, public_item
 
 __all__ = ["OutputStream", "usage_json"]
@@ -57,6 +58,7 @@ class OutputStream:
         self._args: dict[str, list[str]] = {}
         self.usage: Event | None = None
         self.finish_reason: str | None = None
+        self.slot_tokens: int | None = None  # what the child's slot holds (its timings)
 
     def items(self) -> list[Item]:
         return list(self._items)
@@ -67,6 +69,8 @@ class OutputStream:
         usage = data.get("usage")
         if isinstance(usage, dict):
             self.usage = usage_json(usage)
+        if "timings" in data:
+            self.slot_tokens = tokens_in(data["timings"])
         for choice in data.get("choices") or ():
             if not isinstance(choice, dict):
                 continue  # not a chat chunk's shape: nothing in it to say
