@@ -128,8 +128,12 @@ class RelayReport:
 
     @property
     def tail(self) -> bytes:
-        """The answer's last bytes (its usage and timings)."""
-        joined = b"".join(self._reads)
+        """The answer's last bytes (its usage and timings). Joined once: the reads are
+        replaced by the join, so the KV store's reading and the access record's share it."""
+        reads = self._reads
+        if len(reads) > 1:
+            reads[:] = [b"".join(reads)]
+        joined = reads[0] if reads else b""
         return joined[-TAIL_BYTES:] if len(joined) > TAIL_BYTES else joined
 
 
