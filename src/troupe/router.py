@@ -10,6 +10,7 @@ or runs; the parts own their state (the scheduler its table), the router owns no
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -32,6 +33,7 @@ from troupe.hardware.cpus import read_topology
 from troupe.hardware.devices import DeviceList, DeviceReader
 from troupe.kvstore import KvService, KvStore
 from troupe.kvstore.metrics import KvMetrics
+from troupe.kvstore.store import private_dir
 from troupe.launcher import ChildLauncher
 from troupe.ops.access import RequestLog
 from troupe.ops.history import History
@@ -146,7 +148,7 @@ def build_router(
     # whenever the scheduler needs a fresh reading.
     reader = DeviceReader("auto" if use_nvml else None)
     devices = reader.read()
-    state_dir = settings.state_dir or default_state_dir()
+    state_dir = _state_dir(settings)
     logs = ModelLogs()
     metrics = RouterMetrics(settings.api_prefix)
     kv = _kv_service(settings, state_dir, catalog, metrics)
@@ -213,6 +215,20 @@ def build_router(
     )
 
 
+def _state_dir(settings: RouterSettings) -> Path:
+    """troupe's state directory (the KV store's files hold conversations): created 0700;
+    troupe's default one made 0700 if it is not. A directory the user named keeps its
+    mode (the store's ``kv`` inside it is 0700 whatever it is)."""
+    if settings.state_dir is None:
+        path = default_state_dir()
+        with contextlib.suppress(OSError):  # unwritable: what needs it says so later
+            private_dir(path)
+        return path
+    with contextlib.suppress(OSError):
+        settings.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return settings.state_dir
+
+
 def _kv_service(
     settings: RouterSettings, state_dir: Path, catalog: Catalog, metrics: RouterMetrics
 ) -> KvService | None:
@@ -221,7 +237,9 @@ def _kv_service(
         return None
     store = KvStore(state_dir / "kv", settings.kv_store_bytes)
     store.open()
-    kv = KvService(store, KvMetrics(metrics.registry))
+    # Several keys: several tenants, whose conversations never meet (`troupe.http.keys`).
+    private = len(settings.api_keys) > 1
+    kv = KvService(store, KvMetrics(metrics.registry), private=private)
     kv.forget_models(e.name for e in catalog)
     return kv
 

@@ -147,7 +147,10 @@ def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict
     extras["rejected"] = rejected
     if ctx.kv is not None:
         entries, size = ctx.kv.usage(entry.name)
-        extras["kv"] = {"entries": entries, "bytes": size}
+        extras["kv"] = {"entries": entries, "bytes": size, "restore": "on"}
+        off = ctx.kv.restore_off(entry.name)
+        if off is not None:  # the engine ignored a restore: the store stopped restoring
+            extras["kv"].update(restore="off", restore_off=off)
     item[EXTRA_KEY] = extras
     return item
 

@@ -5,7 +5,24 @@
 """
 
 from troupe.kvstore.identity import kv_identity
-from troupe.kvstore.service import Hold, KvService, tokens_held, tokens_in
+from troupe.kvstore.service import (
+    Hold,
+    KvService,
+    cached_held,
+    cached_in,
+    tokens_held,
+    tokens_in,
+)
 from troupe.kvstore.store import KvEntry, KvStore
 
-__all__ = ["Hold", "KvEntry", "KvService", "KvStore", "kv_identity", "tokens_held", "tokens_in"]
+__all__ = [
+    "Hold",
+    "KvEntry",
+    "KvService",
+    "KvStore",
+    "cached_held",
+    "cached_in",
+    "kv_identity",
+    "tokens_held",
+    "tokens_in",
+]

@@ -22,7 +22,8 @@ class KvMetrics:
         self.restores = Counter(
             "troupe_kv_restores",
             "Stored entries restored into a child's slot, by result: restored, failed, "
-            "corrupt (checksum or size wrong: dropped)",
+            "corrupt (checksum or size wrong: dropped), ignored (the engine reused none of "
+            "it: restores then stop for the model)",
             ["model", "result"],
             registry=reg,
         )

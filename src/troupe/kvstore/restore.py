@@ -72,18 +72,20 @@ async def restore_best(
     port: int,
     slot: int,
     tokens: list[int],
-) -> bool:
-    """Restore into ``slot`` the entry of ``ident`` sharing the longest prefix with
-    ``tokens`` (at least `MIN_MATCH`); a corrupt entry met on the way is dropped.
-    True when restored; any trouble is logged and counted, never raised."""
+    tenant: str = "",
+) -> int:
+    """Restore into ``slot`` the entry of ``ident`` and ``tenant`` sharing the longest
+    prefix with ``tokens`` (at least `MIN_MATCH`); a corrupt entry met on the way is
+    dropped. Returns how many tokens it shares with ``tokens`` (0: nothing restored);
+    any trouble is logged and counted, never raised."""
     mlog = about(log, model)
     started = trio.current_time()
     try:
         while True:
-            match = store.best_match(ident, tokens)
+            match = store.best_match(ident, tokens, tenant=tenant)
             if match is None or match[1] < MIN_MATCH:
                 metrics.lookups.labels(model, "miss").inc()
-                return False
+                return 0
             entry, shared = match
             path = store.file(entry)
             digest = await trio.to_thread.run_sync(_checksum_or_none, path)
@@ -99,7 +101,7 @@ async def restore_best(
     except (OSError, EngineCallFailed) as exc:
         mlog.warning("KV restore failed: %s", exc)
         metrics.restores.labels(model, "failed").inc()
-        return False
+        return 0
     seconds = trio.current_time() - started
     store.touch(entry)
     with contextlib.suppress(OSError):  # its last use survives a restart (LRU order)
@@ -117,4 +119,4 @@ async def restore_best(
         slot,
         seconds * 1000,
     )
-    return True
+    return shared

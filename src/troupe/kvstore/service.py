@@ -15,6 +15,19 @@
 
 Entries are keyed by `kv_identity` of the child's exact argv, so they never cross into
 a child whose KV layout differs.
+
+``private`` (several API keys): entries and live slots are also keyed by the request's
+tenant (its key's name). A request is restored only from its own tenant's entries and
+continues only its own tenant's slot; one that must take a slot that may hold another
+tenant's tokens is sent with ``"cache_prompt": false`` (`Hold.fresh`), so neither its
+``cached_tokens`` nor its time to first token can tell what that slot held. Children
+then run without the engine's RAM prompt cache (``--cache-ram 0``), which would hand one
+tenant's cached prompt to another's request on any slot.
+
+A restore checks itself: the first answer on a restored slot must show the restored
+tokens reused (its ``timings.cache_n``). When the engine ignored it (hybrid and recurrent
+models, a loaded ``--mmproj``, SWA without ``--swa-full``), the store stops saving and
+restoring for that model's arguments, and says so (`restore_off`).
 """
 
 from __future__ import annotations
@@ -38,7 +51,7 @@ from troupe.kvstore.slots import Claim, SlotMap, request_text
 from troupe.kvstore.store import KvEntry, KvStore, describe, write_sidecar
 from troupe.modellog import about
 
-__all__ = ["Hold", "KvService", "tokens_held", "tokens_in"]
+__all__ = ["Hold", "KvService", "cached_held", "cached_in", "tokens_held", "tokens_in"]
 
 log = logging.getLogger("troupe.kvstore")
 
@@ -57,6 +70,18 @@ class Hold:
     # The caller's count, from the answer, of the tokens the slot holds after it
     # (`tokens_held`): a slot under the store's threshold is then taken without a save.
     tokens: int | None = None
+    # Sent with ``"cache_prompt": false``: its slot may hold another tenant's tokens.
+    fresh: bool = False
+    # The caller's ``timings.cache_n`` from the answer (`cached_held`): after a restore,
+    # whether the engine reused what was restored.
+    cached: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """What a parsed request gets added before it is sent (`KvService.held`)."""
+        out: dict[str, Any] = {} if self.slot is None else {"id_slot": self.slot}
+        if self.fresh:
+            out["cache_prompt"] = False
+        return out
 
 
 @attrs.define
@@ -75,11 +100,15 @@ class KvService:
         *,
         min_tokens: int = MIN_TOKENS,
         save_seconds: float = SAVE_SECONDS,
+        private: bool = False,
     ) -> None:
         self.store = store
         self.metrics = metrics or KvMetrics()
         self.min_tokens = min_tokens
         self.save_seconds = save_seconds
+        self.private = private  # several tenants (API keys): nothing crosses between them
+        # model -> (its KV identity, why): the engine ignored a restore into its child
+        self._restore_off: dict[str, tuple[str, str]] = {}
         self._idents: dict[str, str] = {}  # model -> its running child's KV identity
         self._maps: dict[str, tuple[int, _MapOnce]] = {}  # model -> its child's (gen, map)
         self._keeps: dict[str, bool] = {}  # model -> its child keeps idle slots' cells
@@ -118,6 +147,15 @@ class KvService:
             if names & {"--cache-idle-slots", "--no-cache-idle-slots"}
             else ["--no-cache-idle-slots"]
         )
+        if self.private and not names & {"--cache-ram", "-cram"}:
+            # The engine's RAM prompt cache loads whichever cached prompt best fits a
+            # request, whoever's it was. (Without it no idle slot is cached either.)
+            keep += ["--cache-ram", "0"]
+            self._keeps[model] = True
+        elif self.private:
+            about(log, model).warning(
+                "its --cache-ram shares cached prompts between API keys (tenants)"
+            )
         return [*full, *keep, "--slot-save-path", str(self.store.slot_dir(ident))]
 
     def leave_out(self, model: str) -> None:
@@ -134,11 +172,15 @@ class KvService:
         for model in models:
             self._update_gauges(model)
 
-    def refuses(self, model: str, path: str, action: str) -> bool:
-        """A client's slot save or restore on a child whose slot path is the store's: the
-        engine would let it write (and read) files the store owns, outside its budget.
-        Without the store such a child has no slot path, and the engine refuses too."""
-        return model in self._idents and "/slots/" in path and action in ("save", "restore")
+    def refuses(self, model: str, path: str) -> bool:
+        """Every client's slot action (``POST /slots/N``) on a child whose slot path is the
+        store's, as the engine answers a child without a slot path (any action): a save or
+        a restore would write (and read) files the store owns, outside its budget, and an
+        erase empties a slot the store steers to. All of them, whatever the query says:
+        the engine strips a ``#fragment``, takes the last of repeated keys and reads a
+        form-encoded body's fields as well, so no reading of ``action`` here can be sure
+        to be the engine's. A child with the user's own ``--slot-save-path`` is theirs."""
+        return model in self._idents and "/slots/" in path
 
     def usage(self, model: str) -> tuple[int, int]:
         return self.store.usage(model)
@@ -148,7 +190,7 @@ class KvService:
     async def save_slots(self, model: str, port: int) -> None:
         """Save every idle slot of the child at ``port`` that holds enough tokens."""
         ident = self._idents.get(model)
-        if ident is None:
+        if ident is None or self.restore_off(model) is not None:
             return
         mlog = about(log, model)
         slots: Any = None
@@ -163,7 +205,8 @@ class KvService:
         if slots is None:
             mlog.info("KV save skipped: its slots did not answer within %gs", SLOTS_SECONDS)
             return
-        self._maps.pop(model, None)  # its child is stopping
+        pending = self._maps.pop(model, None)  # its child is stopping
+        known = pending[1].map if pending is not None else None
         for slot in slots if isinstance(slots, list) else []:
             if not isinstance(slot, dict) or slot.get("is_processing"):
                 continue
@@ -171,9 +214,14 @@ class KvService:
             # reliably (a restored slot's next task reads 0): the saved file tells.
             if "id_task" not in slot or not isinstance(slot.get("id"), int):
                 continue
-            await self._save_one(model, ident, port, int(slot["id"]))
+            owner = known.owner(slot["id"]) if known is not None else ""
+            if self.private and not owner:
+                continue  # whose tokens it holds is unknown: no tenant may have them back
+            await self._save_one(model, ident, port, int(slot["id"]), owner or "")
 
-    async def _save_one(self, model: str, ident: str, port: int, slot: int) -> None:
+    async def _save_one(
+        self, model: str, ident: str, port: int, slot: int, tenant: str = ""
+    ) -> None:
         mlog = about(log, model)
         name = self.store.new_name()
         path = self.store.slot_dir(ident) / f"{name}.bin"
@@ -181,6 +229,7 @@ class KvService:
         entry: KvEntry | None = None
         try:
             await call(port, "POST", f"/slots/{slot}?action=save", {"filename": path.name})
+            # The engine writes it with its umask: the conversation is the tenant's own.
             described = await trio.to_thread.run_sync(describe, path)
             if described is None:
                 raise EngineCallFailed("the saved file is not a slot file")
@@ -188,7 +237,7 @@ class KvService:
             if len(tokens) < self.min_tokens:  # cheap to compute again: not kept
                 path.unlink(missing_ok=True)
                 return
-            entry = KvEntry(ident, name, model, tokens, digest, size, 0.0)
+            entry = KvEntry(ident, name, model, tokens, digest, size, 0.0, tenant)
             self.store.touch(entry)
             await trio.to_thread.run_sync(write_sidecar, entry, self.store.root)
         except BaseException as exc:
@@ -222,60 +271,96 @@ class KvService:
 
     @asynccontextmanager
     async def steered(
-        self, model: str, gen: int, port: int, path: str, body: bytes, conv: str = ""
+        self,
+        model: str,
+        gen: int,
+        port: int,
+        path: str,
+        body: bytes,
+        conv: str = "",
+        *,
+        tenant: str = "",
     ) -> AsyncIterator[Hold]:
         """`held` for bytes: the hold's ``body`` is what to send to the child; any
-        trouble, or a body that is not a JSON object, leaves it as it came."""
+        trouble, or a body that is not a JSON object, leaves it as it came (``private``:
+        with ``"cache_prompt": false``, whatever the route)."""
         kind = route(path)
         request: Any = None
-        if kind is not None and model in self._idents:
+        if (kind is not None and model in self._idents) or self.private:
             with contextlib.suppress(ValueError):
                 request = json.loads(body)
         if not isinstance(request, dict):
             yield Hold(None, body)
             return
-        async with self.held(model, gen, port, path, request, conv) as hold:
-            hold.body = body if hold.slot is None else with_slot(body, request, hold.slot)
+        async with self.held(model, gen, port, path, request, conv, tenant=tenant) as hold:
+            fields = hold.fields()
+            hold.body = with_fields(body, request, fields) if fields else body
             yield hold
 
     @asynccontextmanager
     async def held(
-        self, model: str, gen: int, port: int, path: str, request: dict[str, Any], conv: str = ""
+        self,
+        model: str,
+        gen: int,
+        port: int,
+        path: str,
+        request: dict[str, Any],
+        conv: str = "",
+        *,
+        tenant: str = "",
     ) -> AsyncIterator[Hold]:
         """The slot ``request`` is to run on (sent as ``id_slot``), held until the block
         exits: the slot of its conversation when that is still on one; else an empty
         slot, or the least recently used idle one (its conversation saved to the store
         first), with the stored entry sharing the longest prefix with the prompt
-        restored into it. No slot: sent as it is (not steered, or the client chose)."""
+        restored into it. No slot: sent as it is (not steered, or the client chose).
+        ``tenant``: whose request it is (``private``: the key's name); what `Hold.fields`
+        says is added to the request before it is sent."""
+        if not self.private:
+            tenant = ""
         kind = route(path)
         ident = self._idents.get(model)
+        # Not steered, with several tenants: the engine picks a slot (or the client
+        # did) that may hold anyone's tokens, and reuses them unless told not to.
+        fresh = self.private
         if ident is None or kind is None or _several_tasks(request):
-            yield Hold(None)  # (several tasks: the engine spreads them over slots itself)
+            yield Hold(None, fresh=fresh)  # (several tasks: the engine spreads them itself)
             return
         slots = await self._slot_map(model, gen, port)
         chosen = request.get("id_slot", -1)
         if slots is None or chosen != -1:
-            if slots is not None and isinstance(chosen, int):
-                slots.overwritten(chosen)  # the client's own choice: its content unknown
-            yield Hold(None)
+            with contextlib.ExitStack() as stack:
+                if slots is not None and isinstance(chosen, int):
+                    # The client's own choice: that slot is busy meanwhile (no request
+                    # is sent to wait for it in the engine), its content unknown after.
+                    stack.enter_context(slots.outside(chosen))
+                yield Hold(None, fresh=fresh)
             return
-        claim = await slots.claim(conv, request_text(request))
+        claim = await slots.claim(conv, request_text(request), tenant)
         if claim is None:
-            yield Hold(None)
+            yield Hold(None, fresh=fresh)
             return
         hold = Hold(claim.slot)
         answered = False
+        restored = 0
         try:
             # Shielded and bounded: a client that leaves meanwhile cannot cut a save or
             # a restore in two (one that overruns is abandoned: the engine's own reuse
             # decides what the request gets from the slot, correct either way).
             with trio.CancelScope(shield=True, deadline=trio.current_time() + RESTORE_SECONDS):
                 try:
-                    await self._prepare(model, ident, port, kind, request, slots, claim)
+                    restored = await self._prepare(
+                        model, ident, port, kind, request, slots, claim, tenant
+                    )
                 except Exception:  # the store is an optimisation: never the request's failure
                     about(log, model).exception("KV: moving slot %d failed", claim.slot)
+            # A restore replaced the slot's cells with this tenant's own; else what
+            # another tenant left there must not be reused.
+            hold.fresh = claim.foreign and not restored
             yield hold
             answered = True
+            if restored and request.get("cache_prompt", True) is not False:
+                self._check_restore(model, ident, restored, hold.cached)
         finally:
             # Not answered (the client left, the child failed): what the slot holds is
             # unknown, and it is saved before another conversation takes it.
@@ -290,18 +375,46 @@ class KvService:
         request: dict[str, Any],
         slots: SlotMap,
         claim: Claim,
-    ) -> None:
-        if claim.evict:
-            await self._save_one(model, ident, port, claim.slot)
+        tenant: str,
+    ) -> int:
+        """The claimed slot's old conversation saved, the best entry restored; returns
+        how many of the prompt's tokens the restored entry shares (0: none restored)."""
+        if self.restore_off(model) is not None:
+            return 0  # the engine ignores what is restored: nothing worth saving either
+        if claim.evict and (claim.owner or not self.private):
+            await self._save_one(model, ident, port, claim.slot, claim.owner or "")
         if claim.own or not self.store.entries(ident):
-            return
+            return 0
         try:
             tokens = await prompt_tokens(port, kind, request)
         except (OSError, EngineCallFailed) as exc:
             about(log, model).info("KV restore skipped: cannot tokenize the prompt: %s", exc)
+            return 0
+        if tokens is None:
+            return 0
+        return await restore_best(
+            self.store, self.metrics, model, ident, port, claim.slot, tokens, tenant
+        )
+
+    # ----- whether restores work ---------------------------------------------------------------
+
+    def restore_off(self, model: str) -> str | None:
+        """Why the store no longer restores (nor saves) for ``model``'s child; None: it does."""
+        off = self._restore_off.get(model)
+        return off[1] if off is not None and off[0] == self._idents.get(model) else None
+
+    def _check_restore(self, model: str, ident: str, shared: int, cached: int | None) -> None:
+        """The first answer on a slot restored with ``shared`` tokens of its prompt reused
+        ``cached`` of them (None: it did not say, nothing learnt)."""
+        if cached is None or cached > 0 or self._idents.get(model) != ident:
             return
-        if tokens is not None:
-            await restore_best(self.store, self.metrics, model, ident, port, claim.slot, tokens)
+        why = (
+            f"the engine reused none of {shared} restored tokens (hybrid or recurrent "
+            "models, a loaded --mmproj, or SWA without --swa-full cannot reuse a restored slot)"
+        )
+        self._restore_off[model] = (ident, why)
+        self.metrics.restores.labels(model, "ignored").inc()
+        about(log, model).warning("KV: restores switched off for this model: %s", why)
 
     async def _slot_map(self, model: str, gen: int, port: int) -> SlotMap | None:
         """The map of ``model``'s child ``gen``, read from its ``GET /slots`` once (the
@@ -317,7 +430,9 @@ class KvService:
                     ids = [s["id"] for s in slots if isinstance(s.get("id"), int)]
                     served = {s["id"] for s in slots if "id_task" in s}
                     keeps = self._keeps.get(model, True)
-                    once.map = SlotMap(ids, served, keeps, min_tokens=self.min_tokens)
+                    once.map = SlotMap(
+                        ids, served, keeps, min_tokens=self.min_tokens, private=self.private
+                    )
                 if once.map is None and self._maps.get(model) is pending:
                     del self._maps[model]  # too slow to answer now: the next request asks again
             except OSError as exc:
@@ -348,15 +463,34 @@ def _several_tasks(request: dict[str, Any]) -> bool:
 
 
 def with_slot(body: bytes, request: dict[str, Any], slot: int) -> bytes:
-    """``body`` with ``"id_slot": slot``: spliced in after its opening brace when it is
-    UTF-8 without the key (the rest of the bytes go as the client sent them, unparsed
-    again), else ``request`` written out whole."""
+    """``body`` with ``"id_slot": slot`` (`with_fields`)."""
+    return with_fields(body, request, {"id_slot": slot})
+
+
+def with_fields(body: bytes, request: dict[str, Any], fields: dict[str, Any]) -> bytes:
+    """``body`` with ``fields``: spliced in after its opening brace when it is UTF-8 with
+    none of their keys (the rest of the bytes go as the client sent them, unparsed
+    again), else ``request`` written out whole with them."""
     start = len(body) - len(body.lstrip())
     plain = json.detect_encoding(body) == "utf-8" and body[start : start + 1] == b"{"
-    if "id_slot" in request or not plain:
-        return json.dumps({**request, "id_slot": slot}).encode()
+    if not plain or any(k in request for k in fields):
+        return json.dumps({**request, **fields}).encode()
     sep = b"" if not request else b","
-    return b'%s{"id_slot":%d%s%s' % (body[:start], slot, sep, body[start + 1 :])
+    head = json.dumps(fields, separators=(",", ":"))[:-1].encode()
+    return b"%s%s%s%s" % (body[:start], head, sep, body[start + 1 :])
+
+
+def cached_held(answer: bytes) -> int | None:
+    """The tokens ``answer`` (as `tokens_held` reads it) says its prompt reused from the
+    slot (``timings.cache_n``); None when it does not say."""
+    return cached_in(last_object(answer, b"timings"))
+
+
+def cached_in(timings: object) -> int | None:
+    if not isinstance(timings, dict):
+        return None
+    n = timings.get("cache_n")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
 def tokens_held(answer: bytes) -> int | None:

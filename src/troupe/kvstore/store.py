@@ -6,10 +6,16 @@ after the engine's save returned and the file was checksummed: a child killed mi
 leaves a slot file without a sidecar, which `KvStore.open` deletes. The index is
 mutated on the event loop only; the file work (`checksum`, `describe`, `write_sidecar`)
 is plain functions for worker threads.
+
+An entry belongs to a tenant (the API key's name when there are several, else ""): a
+lookup finds only its own tenant's. The files hold a conversation's tokens in plain
+text: the directories are 0700 and the files 0600 (the engine writes slot files with its
+own umask: `describe` fixes their mode; `KvStore.open` fixes what is already there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -23,7 +29,7 @@ import attrs
 
 from troupe.kvstore.slotfile import read_tokens
 
-__all__ = ["KvEntry", "KvStore", "checksum", "describe"]
+__all__ = ["KvEntry", "KvStore", "checksum", "describe", "private_dir"]
 
 log = logging.getLogger("troupe.kvstore")
 
@@ -37,6 +43,7 @@ class KvEntry:
     sha256: str
     size: int
     last_used: float
+    tenant: str = ""  # whose conversation it is (an API key's name; "": one tenant)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -45,7 +52,20 @@ class KvEntry:
             "sha256": self.sha256,
             "size": self.size,
             "last_used": self.last_used,
+            "tenant": self.tenant,
         }
+
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` made (with its parents) and readable by this user only."""
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o777 != DIR_MODE:
+        os.chmod(path, DIR_MODE)
+    return path
 
 
 def checksum(path: Path) -> str:
@@ -54,7 +74,9 @@ def checksum(path: Path) -> str:
 
 
 def describe(path: Path) -> tuple[tuple[int, ...], str, int] | None:
-    """A freshly saved slot file's tokens, checksum and size (None: not a slot file)."""
+    """A freshly saved slot file's tokens, checksum and size (None: not a slot file);
+    the file made readable by this user only."""
+    os.chmod(path, FILE_MODE)
     tokens = read_tokens(path)
     if tokens is None:
         return None
@@ -64,7 +86,10 @@ def describe(path: Path) -> tuple[tuple[int, ...], str, int] | None:
 def write_sidecar(entry: KvEntry, root: Path) -> None:
     final = root / entry.ident / f"{entry.name}.json"
     tmp = final.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(entry.to_json()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, FILE_MODE)  # an older .tmp keeps its mode through O_CREAT
+        f.write(json.dumps(entry.to_json()))
     os.replace(tmp, final)
 
 
@@ -89,13 +114,19 @@ class KvStore:
 
     def open(self) -> None:
         """Read the index from disk (a troupe restart keeps its entries); drop what a
-        killed save or a broken sidecar left."""
+        killed save or a broken sidecar left; make every directory 0700, every file 0600."""
         try:
+            private_dir(self.root)
             dirs = [d for d in self.root.iterdir() if d.is_dir()]
         except OSError:
             dirs = []
         for d in dirs:
+            with contextlib.suppress(OSError):
+                os.chmod(d, DIR_MODE)
             for path in sorted(d.iterdir()):
+                with contextlib.suppress(OSError):
+                    if path.is_file() and path.stat().st_mode & 0o777 != FILE_MODE:
+                        os.chmod(path, FILE_MODE)
                 if path.suffix == ".tmp" or path.name.endswith(".json.tmp"):
                     path.unlink(missing_ok=True)
                 elif path.suffix == ".json":
@@ -117,6 +148,7 @@ class KvStore:
                 sha256=str(raw["sha256"]),
                 size=int(raw["size"]),
                 last_used=float(raw["last_used"]),
+                tenant=str(raw.get("tenant", "")),
             )
             size = sidecar.with_suffix(".bin").stat().st_size
         except (OSError, ValueError, KeyError, TypeError):
@@ -142,13 +174,13 @@ class KvStore:
         return sum(e.size for e in self._entries.values())
 
     def best_match(
-        self, ident: str, tokens: list[int], exclude: Iterable[str] = ()
+        self, ident: str, tokens: list[int], exclude: Iterable[str] = (), *, tenant: str = ""
     ) -> tuple[KvEntry, int] | None:
-        """The entry of ``ident`` sharing the longest prefix with ``tokens``."""
+        """The entry of ``ident`` and ``tenant`` sharing the longest prefix with ``tokens``."""
         skip = set(exclude)
         best: tuple[KvEntry, int] | None = None
         for e in self._entries.values():
-            if e.ident != ident or e.name in skip:
+            if e.ident != ident or e.tenant != tenant or e.name in skip:
                 continue
             n = common_prefix(e.tokens, tokens)
             if n and (best is None or n > best[1]):
@@ -159,9 +191,8 @@ class KvStore:
 
     def slot_dir(self, ident: str) -> Path:
         """Where a child of ``ident`` saves its slots (its ``--slot-save-path``)."""
-        path = self.root / ident
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        private_dir(self.root)
+        return private_dir(self.root / ident)
 
     @staticmethod
     def new_name() -> str:
@@ -177,6 +208,7 @@ class KvStore:
             e
             for e in self._entries.values()
             if e.ident == entry.ident
+            and e.tenant == entry.tenant
             and len(e.tokens) <= len(entry.tokens)
             and entry.tokens[: len(e.tokens)] == e.tokens
         ]

@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from troupe.kvstore import tokens_in
+from troupe.kvstore import cached_in, tokens_in
 
 __all__ = ["Answer", "created_at", "error_message"]
 
@@ -69,6 +69,7 @@ class Answer:
         self.prompt_ms: float | None = None
         self.predicted_ms: float | None = None
         self.slot_tokens: int | None = None  # what the child's slot holds after it
+        self.slot_cached: int | None = None  # what it reused from the slot (timings.cache_n)
 
     # ----- reading --------------------------------------------------------------------
 
@@ -76,6 +77,7 @@ class Answer:
         timings = data.get("timings")
         if isinstance(timings, dict):
             self.slot_tokens = tokens_in(timings)
+            self.slot_cached = cached_in(timings)
             self.prompt_n = _int(timings.get("prompt_n"), self.prompt_n)
             self.predicted_n = _int(timings.get("predicted_n"), self.predicted_n)
             self.prompt_ms = _float(timings.get("prompt_ms"), self.prompt_ms)

@@ -27,8 +27,11 @@ CLOSE_GRACE = 2.0  # seconds to close a child's answer when the caller is gone
 
 
 class ChildCall:
-    def __init__(self, ctx: Router, model: str, autoload: bool, api_key: str | None) -> None:
+    def __init__(
+        self, ctx: Router, model: str, autoload: bool, api_key: str | None, tenant: str = ""
+    ) -> None:
         self.ctx = ctx
+        self.tenant = tenant  # whose session it is (`troupe.http.keys.tenant_of`)
         self.model = model
         self.autoload = autoload
         # The session is one conversation: the KV store keeps it on its slot of the
@@ -65,7 +68,13 @@ class ChildCall:
                 if self.ctx.kv is not None:
                     hold = await stack.enter_async_context(
                         self.ctx.kv.steered(
-                            grant.model, grant.gen, grant.port, target, body, self.conversation
+                            grant.model,
+                            grant.gen,
+                            grant.port,
+                            target,
+                            body,
+                            self.conversation,
+                            tenant=self.tenant,
                         )
                     )
                 sent = body if hold is None else hold.body
