@@ -204,7 +204,7 @@ async def _lease_and_relay(
         if ctx.fake_timing:
             await trio.sleep(FAKE_TIMING_DELAY)  # counted busy meanwhile, like upstream
         body = ex.body
-        if ctx.kv is not None and ctx.kv.refuses(grant.model, ex.path, ex.params.get("action", "")):
+        if ctx.kv is not None and ex.method == "POST" and ctx.kv.refuses(grant.model, ex.path):
             # The engine's own words, as a child without a slot path answers.
             message = "This server does not support slots action. Start it with `--slot-save-path`"
             await ex.respond(501, error_body(message, "not_supported_error"))
