@@ -59,6 +59,9 @@ MIN_TOKENS = 256  # a slot holding fewer cached tokens is cheap to compute again
 SAVE_SECONDS = 10.0  # all of one stop's saves
 SLOTS_SECONDS = 2.0  # GET /slots (before a stop, or for a child's first request)
 RESTORE_SECONDS = 10.0  # one request's save, lookup and restore
+# A larger body is not steered: parsing it would hold the GIL from every client (8 MiB
+# of small numbers: ~0.1 s; 100 MiB: seconds). README, "Request bodies".
+STEER_MAX_BODY = 8 << 20
 
 
 @attrs.define
@@ -286,8 +289,9 @@ class KvService:
         with ``"cache_prompt": false``, whatever the route)."""
         kind = route(path)
         request: Any = None
-        if (kind is not None and model in self._idents) or self.private:
-            with contextlib.suppress(ValueError):
+        steer = kind is not None and model in self._idents and len(body) <= STEER_MAX_BODY
+        if steer or self.private:
+            with contextlib.suppress(ValueError, RecursionError):
                 request = json.loads(body)
         if not isinstance(request, dict):
             yield Hold(None, body)
