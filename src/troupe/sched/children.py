@@ -112,7 +112,11 @@ class Children:
         m.reported = Status.LOADING
         m.loaded_info = None
         m.progress = None
-        m.last_used = now
+        if not m.replanned:
+            # A load is a use (upstream's load() sets last_used); a child started again on
+            # a narrower CPU lane is not: the model keeps its place in the LRU order (and
+            # its demand, which only requests raise).
+            m.last_used = now
         m.load_started = now
         self._out.emit(ModelStatusSet(m.name, Status.LOADING))
 

@@ -282,7 +282,9 @@ class World:
         delayed = e.delay > 0
         status = Status.UNLOADED if delayed else Status.LOADING
         self.children[e.model] = Child(e.gen, delayed=delayed, status=status)
-        if not delayed:
+        if not delayed and e.model not in self.replanning:
+            # A load is a use; a start again on a narrower CPU lane is not (it keeps the
+            # model's place in the LRU order).
             self.last_used[e.model] = self.now
         if not delayed:  # upstream's load() says "loading" as it spawns
             said = [x for x in self.events() if x.model == e.model]

@@ -5,7 +5,7 @@ as given and counted."""
 
 from __future__ import annotations
 
-from schedcore_kit import Bench, grant_of, spawns, stops
+from schedcore_kit import Bench, grant_of, reply_to, spawns, stops
 
 from troupe.sched import ModelConfig, Phase, Spawn, StopCause, StopReason
 from troupe.sched.cpu import CpuCore, CpuLedger, CpuRequest, CpuTopology, lane_widths
@@ -160,3 +160,45 @@ def test_a_narrowed_child_left_alone_and_idle_is_started_again_on_every_core() -
     assert stop.cause == StopCause(StopReason.REPLAN)
     (again,) = spawns(b.finish_stop(stop))
     assert lane(again) == ((0, 1), 2)
+
+
+def _load_beside(b: Bench, model: str) -> None:
+    """POST /models/load of ``model`` beside the one running child, which is narrowed for
+    it (stopped at once, idle) and started again on its new lane; both end up ready."""
+    rid = b.rid()
+    out = b.load(rid, model)
+    assert reply_to(out, rid) is None, out
+    (stop,) = stops(out)
+    assert stop.cause == StopCause(StopReason.REPLAN, model)
+    b.spawned(model)
+    b.ready(model)
+    (again,) = spawns(b.finish_stop(stop))
+    assert again.model == stop.model
+    b.spawned(again.model)
+    b.ready(again.model)
+
+
+def test_a_replan_restart_keeps_the_model_s_place_in_the_lru_order() -> None:
+    # llama.cpp's test_router_models_max_evicts_lru: --models-max 2, load a, b, then c;
+    # a is the least recently used and goes, though loading b restarted it narrower.
+    b = bench(["a", "b", "c"])
+    b.bring_up("a")
+    used = b.view("a").last_used
+    _load_beside(b, "b")
+    assert b.view("a").last_used == used  # its restart was no use of it
+    assert b.view("b").last_used > used
+    out = b.load(b.rid(), "c")
+    assert [(s.model, s.cause) for s in stops(out)] == [("a", StopCause(StopReason.LRU, "c"))]
+
+
+def test_a_replan_restart_keeps_the_model_s_demand_and_place_with_fair_admission() -> None:
+    # Fair admission evicts the least demand first, the least recently used among equals:
+    # loads alone add no demand, so a, loaded first, is the one to go for a request's c.
+    b = Bench(["a", "b", "c"], models_max=2, cpu=ledger(2), drain_after=30.0)
+    b.bring_up("a")
+    a = b.core.table.models["a"]
+    before = (a.demand, a.demand_at, a.last_used)
+    _load_beside(b, "b")
+    assert (a.demand, a.demand_at, a.last_used) == before
+    out = b.acquire(b.rid(), "c")
+    assert [(s.model, s.cause) for s in stops(out)] == [("a", StopCause(StopReason.LRU, "c"))]
