@@ -14,6 +14,12 @@ the model table depends on them (the scheduler only sees the lease a ticket wait
 and this tracker, like the table, has a single writer: the HTTP handlers, on one Trio
 thread, with no await between reading and changing an entry. The composition root
 (`troupe.router`) builds it, the handlers share it: so it sits below both.
+
+Each entry belongs to the tenant that created it (``owner``: the name of its API key
+when several keys are configured, "" otherwise; `troupe.http.keys.tenant_of`). The
+table is keyed by (owner, id): another tenant's id is, to every method, an id that does
+not exist (the same dict lookup, the same answer), and a request of another tenant
+with the same id neither replaces nor cancels the owner's.
 """
 
 from __future__ import annotations
@@ -35,18 +41,23 @@ class _Entry:
     scope: trio.CancelScope | None = None
 
 
+_Key = tuple[str, str]  # (owner, conversation id)
+
+
 class ConversationTracker:
     def __init__(self, limit: int = MAX_CONVERSATIONS) -> None:
-        self._entries: dict[str, _Entry] = {}  # oldest first (re-inserted on use)
+        self._entries: dict[_Key, _Entry] = {}  # oldest first (re-inserted on use)
         self._tickets = itertools.count(1)
         self._limit = limit
 
-    def remember(self, conv_id: str, model: str) -> int:
-        """A new ticket for ``conv_id`` (replacing, and cancelling, any older wait)."""
-        self._cancel(conv_id)
-        self._entries.pop(conv_id, None)
+    def remember(self, conv_id: str, model: str, *, owner: str) -> int:
+        """A new ticket for ``owner``'s ``conv_id`` (replacing, and cancelling, any older
+        wait of the same owner's)."""
+        key = (owner, conv_id)
+        self._cancel(key)
+        self._entries.pop(key, None)
         ticket = next(self._tickets)
-        self._entries[conv_id] = _Entry(model, ticket)
+        self._entries[key] = _Entry(model, ticket)
         if len(self._entries) > self._limit:
             self._trim()
         return ticket
@@ -58,31 +69,33 @@ class ConversationTracker:
             if self._entries[old].scope is None:  # a waiting request keeps its entry
                 del self._entries[old]
 
-    def attach(self, conv_id: str, ticket: int, scope: trio.CancelScope) -> None:
+    def attach(self, conv_id: str, ticket: int, scope: trio.CancelScope, *, owner: str) -> None:
         """The wait of ``ticket`` runs in ``scope``; a stop cancels it."""
-        entry = self._entries.get(conv_id)
+        entry = self._entries.get((owner, conv_id))
         if entry is not None and entry.ticket == ticket:
             entry.scope = scope
 
-    def detach(self, conv_id: str, ticket: int) -> None:
-        entry = self._entries.get(conv_id)
+    def detach(self, conv_id: str, ticket: int, *, owner: str) -> None:
+        entry = self._entries.get((owner, conv_id))
         if entry is not None and entry.ticket == ticket:
             entry.scope = None
 
-    def alive(self, conv_id: str, ticket: int) -> bool:
-        entry = self._entries.get(conv_id)
+    def alive(self, conv_id: str, ticket: int, *, owner: str) -> bool:
+        entry = self._entries.get((owner, conv_id))
         return entry is not None and entry.ticket == ticket
 
-    def lookup(self, conv_id: str) -> str | None:
-        entry = self._entries.get(conv_id)
+    def lookup(self, conv_id: str, *, owner: str) -> str | None:
+        """The model serving ``owner``'s ``conv_id`` (None: unknown, or another's)."""
+        entry = self._entries.get((owner, conv_id))
         return entry.model if entry is not None else None
 
-    def forget(self, conv_id: str) -> None:
-        self._cancel(conv_id)
-        self._entries.pop(conv_id, None)
+    def forget(self, conv_id: str, *, owner: str) -> None:
+        key = (owner, conv_id)
+        self._cancel(key)
+        self._entries.pop(key, None)
 
-    def _cancel(self, conv_id: str) -> None:
-        entry = self._entries.get(conv_id)
+    def _cancel(self, key: _Key) -> None:
+        entry = self._entries.get(key)
         if entry is not None and entry.scope is not None:
             entry.scope.cancel()
             entry.scope = None

@@ -184,6 +184,7 @@ class ChildLauncher:
         if entry is None:
             raise ConfigError(f"model {model} is not in the catalogue")
         env = dict(self.environ)
+        env.update(self.catalog.child_env(entry))  # its secrets: never on its command line
         # The configured port, even 0 (upstream); its presence is what makes a child a child.
         env["LLAMA_SERVER_ROUTER_PORT"] = str(self.settings.port)
 
@@ -229,7 +230,7 @@ class ChildLauncher:
             args += ["--threads", "1", "--threads-batch", "1"]
         if self._kv(entry) is not None:  # the KV layout its child will have (--swa-full)
             args = KvService.measure_args(args, self._uses_swa(entry))
-        return args, dict(self.environ)
+        return args, {**self.environ, **self.catalog.child_env(entry)}
 
     def _layout(self, entry: ModelEntry, args: list[str]) -> list[str]:
         """``args`` with what the KV store adds to the KV layout (``--swa-full``): memory

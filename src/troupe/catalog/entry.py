@@ -157,6 +157,11 @@ class Catalog:
             forced=self.forced,
         )
 
+    def child_env(self, entry: ModelEntry) -> dict[str, str]:
+        """What ``entry``'s child gets in its environment beside its argv: its secrets
+        (the hub token as ``HF_TOKEN``), which `child_args` never holds."""
+        return render.secret_env(entry.preset)
+
     def status_preset(self, entry: ModelEntry, *, log_colors: bool = False) -> str:
         """``status.preset`` text for ``entry``."""
         return render.status_preset(

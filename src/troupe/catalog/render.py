@@ -5,11 +5,18 @@
 ``common_preset::to_args`` renders: the last spelling of each option in
 first-spelling order, ``--opt value`` for a valued option, a falsey flag as its
 last negative spelling (or dropped), preset-only keys skipped.
+
+Secrets never go on a command line (any local user reads it in ``ps``): an option in
+`SECRET_OPTIONS` (the hub token) is left out of the argv and reaches the child in its
+environment instead (`secret_env`: the variable the engine reads for it, ``(env:
+HF_TOKEN)`` in its ``--help``), and ``status.preset`` shows it as `REDACTED`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import attrs
 
 from troupe.catalog.ini import render_ini
 from troupe.catalog.preset import Preset
@@ -27,7 +34,9 @@ __all__ = [
     "forced_options",
     "needs_restart",
     "preset_args",
+    "secret_env",
     "status_preset",
+    "without_secrets",
 ]
 
 CHILD_HOST = "127.0.0.1"
@@ -57,6 +66,38 @@ _ALIAS = EngineOption(("-a", "--alias"), hints=("STRING",), env="LLAMA_ARG_ALIAS
 _LOG_COLORS = EngineOption(("--log-colors",), hints=("[on|off|auto]",), env="LLAMA_ARG_LOG_COLORS")
 _FORCED = (_HOST, _PORT, _ALIAS, _LOG_COLORS)
 _COMPARE_IGNORES = ("LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_ALIAS", "LLAMA_ARG_LOG_COLORS")
+
+# Options whose value is a secret -> the environment variable the engine reads it from.
+SECRET_OPTIONS = {"--hf-token": "HF_TOKEN"}
+REDACTED = "<redacted>"
+
+
+def _secret_var(opt: EngineOption) -> str | None:
+    for spelling, var in SECRET_OPTIONS.items():
+        if spelling in opt.spellings or opt.env == var:
+            return var
+    return None
+
+
+def secret_env(preset: Preset) -> dict[str, str]:
+    """The secrets of ``preset``'s child as environment variables (its argv has none)."""
+    out: dict[str, str] = {}
+    for opt, value in preset.options:
+        var = _secret_var(opt)
+        if var is not None and value:
+            out[var] = value
+    return out
+
+
+def without_secrets(preset: Preset, shown: str | None = None) -> Preset:
+    """``preset`` without its secret options (or with each value ``shown`` instead)."""
+    options = []
+    for opt, value in preset.options:
+        if _secret_var(opt) is None:
+            options.append((opt, value))
+        elif shown is not None:
+            options.append((opt, shown))
+    return attrs.evolve(preset, options=tuple(options))
 
 
 def child_preset(
@@ -112,8 +153,9 @@ def child_args(
     app_cmd: str = "",
     forced: Sequence[EngineOption] = _FORCED,
 ) -> list[str]:
-    """The child's argv (``status.args``): binary, optional ``LLAMA_APP_CMD``, options."""
-    args = preset_args(child_preset(preset, name, port, log_colors, forced))
+    """The child's argv (``status.args``): binary, optional ``LLAMA_APP_CMD``, options;
+    never a secret (`secret_env` has them)."""
+    args = preset_args(without_secrets(child_preset(preset, name, port, log_colors, forced)))
     head = [bin_path] if bin_path else []
     if app_cmd and bin_path:
         head.append(app_cmd)
@@ -128,8 +170,9 @@ def status_preset(
     forced: Sequence[EngineOption] = _FORCED,
 ) -> str:
     """``status.preset`` of ``GET /models``: the child preset as INI, minus the reserved
-    options, host, port, alias and tags (log-colors and preset-only keys stay)."""
-    p = child_preset(preset, name, 0, log_colors, forced)
+    options, host, port, alias and tags (log-colors and preset-only keys stay); a secret's
+    value shown as `REDACTED`."""
+    p = without_secrets(child_preset(preset, name, 0, log_colors, forced), REDACTED)
     p = p.without_env(
         *RESERVED_ENVS, "LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_ALIAS", "LLAMA_ARG_TAGS"
     )

@@ -45,7 +45,12 @@ async def _needs(catalog: Catalog, engine: str) -> dict[str, Mapping[str, int]]:
             if cpu_request(entry.preset.get_spelling) is None:
                 argv += ["--threads", "1", "--threads-batch", "1"]
             job = MeasureJob(
-                entry.name, "doctor", argv, dict(os.environ), send.clone(), DOCTOR_TIMEOUT
+                entry.name,
+                "doctor",
+                argv,
+                {**os.environ, **catalog.child_env(entry)},
+                send.clone(),
+                DOCTOR_TIMEOUT,
             )
 
             async def run(job: MeasureJob = job) -> None:

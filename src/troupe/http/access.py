@@ -16,6 +16,7 @@ import time
 import trio
 
 from troupe.api import strip_prefix
+from troupe.http.keys import tenant_of
 from troupe.http.routing import Handler
 from troupe.http.server.exchange import Exchange
 from troupe.http.server.parse import Request
@@ -50,6 +51,7 @@ def begin(ctx: Router, ex: Exchange, conversation: str = "") -> tuple[AccessReco
         route=route_label(ex.path, ctx.settings.api_prefix),
         bytes_in=len(ex.body),
         conversation=conversation or None,
+        tenant=tenant_of(ctx.settings, ex.request.key_name),
     )
     return rec, trio.current_time()
 
@@ -137,6 +139,7 @@ def _finish_local(ctx: Router, ex: Exchange, started: float) -> None:
         bytes_out=ex.sent,
         kind="local",
         error=None if ex.started else "the client went away",
+        tenant=tenant_of(ctx.settings, ex.request.key_name),
     )
     ctx.requests.record_other(rec)
 
@@ -193,7 +196,8 @@ UPGRADE_CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("upgrade_cl
 
 def realtime_record(ctx: Router, client: str, path: str, started: float) -> AccessRecord:
     """A realtime session's record, begun at its handshake (``started``: Trio time);
-    `finish_realtime` hands it on at the session's end."""
+    `finish_realtime` hands it on at the session's end (the handshake sets its
+    ``tenant`` once the key is known)."""
     path = path.partition("?")[0]  # as the other records: the query (the model) apart
     return AccessRecord(
         time=time.time() - (trio.current_time() - started),

@@ -1,9 +1,13 @@
 """troupe's own views of what it is doing: ``GET /troupe/requests`` (the recent proxied
-requests, newest first; ``?model=``, ``?limit=``, ``?kind=``) and ``GET /troupe/version``."""
+requests, newest first; ``?model=``, ``?limit=``, ``?kind=``) and ``GET /troupe/version``.
+
+They need a key when keys are configured (only the dashboard's files are public); with
+several keys, a tenant's ``/troupe/requests`` lists only its own records."""
 
 from __future__ import annotations
 
 from troupe import __version__
+from troupe.http.keys import tenant_of
 from troupe.http.respond import send_error, send_json
 from troupe.http.server.exchange import Exchange
 from troupe.ops.access import ALL_KINDS, DEFAULT_KINDS
@@ -32,7 +36,8 @@ async def recent_requests(router: Router, ex: Exchange) -> None:
         message = "kind must be a comma-separated list of " + ", ".join(sorted(ALL_KINDS))
         await send_error(ex, message + " (or all)", "invalid_request_error")
         return
-    items = [rec.to_json() for rec in router.requests.recent(model, limit, kinds)]
+    tenant = tenant_of(router.settings, ex.request.key_name)
+    items = [rec.to_json() for rec in router.requests.recent(model, limit, kinds, tenant)]
     await send_json(ex, {"object": "list", "data": items})
 
 

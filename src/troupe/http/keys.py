@@ -4,6 +4,10 @@ Every configured key is compared with `hmac.compare_digest`, all of them every t
 so neither which key matched nor how much of a guess was right shows in the timing.
 Keys from ``--api-key`` and ``--api-key-file`` are named ``key-1``, ``key-2``, ... in
 order; ``--named-api-keys FILE`` gives each its own (lines ``name:key``).
+
+With several keys, each key is a tenant (`tenant_of`): its conversations, streams and
+access records are its own, and another key meets them as ids that do not exist. With
+one key (or none) there is one tenant, "", and everyone sees everything, as upstream.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Sequence
 
 from troupe.settings.router import RouterSettings
 
-__all__ = ["KeyRing", "ring_for"]
+__all__ = ["KeyRing", "ring_for", "tenant_of"]
 
 
 class KeyRing:
@@ -26,6 +30,9 @@ class KeyRing:
 
     def __bool__(self) -> bool:
         return bool(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
     def match(self, given: str) -> str | None:
         """The name of the key ``given`` is, or None."""
@@ -45,3 +52,9 @@ def _ring(keys: tuple[str, ...], names: tuple[str, ...]) -> KeyRing:
 def ring_for(settings: RouterSettings) -> KeyRing:
     """The settings' keys (built once per set of keys)."""
     return _ring(settings.api_keys, settings.api_key_names)
+
+
+def tenant_of(settings: RouterSettings, key_name: str) -> str:
+    """The tenant of a request that carried the key named ``key_name``: that name when
+    several keys are configured, else "" (one tenant: every record is everyone's)."""
+    return key_name if len(settings.api_keys) > 1 else ""

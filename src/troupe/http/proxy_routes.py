@@ -15,6 +15,7 @@ from troupe.http import access
 from troupe.http.body_model import BadBody, model_from_body
 from troupe.http.cluster_forward import forward_elsewhere, stream_elsewhere
 from troupe.http.errors import error_body
+from troupe.http.keys import tenant_of
 from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
 from troupe.kvstore import Hold, tokens_held
@@ -157,7 +158,8 @@ async def _lease_and_relay(
     asked = trio.current_time()
     granted: Grant | None = None
     # Registered before the wait, so a stop issued while the model loads can cancel it.
-    ticket = tracker.remember(conv_id, entry.name) if conv_id else 0
+    owner = tenant_of(ctx.settings, ex.request.key_name)
+    ticket = tracker.remember(conv_id, entry.name, owner=owner) if conv_id else 0
     outcome = "cancelled"  # a wait that ends in neither a grant nor a failure
     refused: Failure | None = None
     try:
@@ -165,7 +167,7 @@ async def _lease_and_relay(
         # cancel the load); only a stop of the conversation cancels it (§6.6).
         if ticket:
             with trio.CancelScope(shield=True) as wait_scope:
-                tracker.attach(conv_id, ticket, wait_scope)
+                tracker.attach(conv_id, ticket, wait_scope, owner=owner)
                 rid, grant = await acquire_within(
                     ctx, entry.name, autoload=autoload, update_last_used=update_last_used
                 )
@@ -182,7 +184,7 @@ async def _lease_and_relay(
         raise
     finally:
         if ticket:
-            tracker.detach(conv_id, ticket)
+            tracker.detach(conv_id, ticket, owner=owner)
         # One clock read for the wait's histogram and the access record.
         waited = trio.current_time() - asked
         ctx.metrics.observe_queue_wait(
@@ -193,7 +195,7 @@ async def _lease_and_relay(
         rec.error = refused.message
         await send_failure(ex, refused)
         return
-    if ticket and (wait_scope.cancelled_caught or not tracker.alive(conv_id, ticket)):
+    if ticket and (wait_scope.cancelled_caught or not tracker.alive(conv_id, ticket, owner=owner)):
         if not wait_scope.cancelled_caught:
             await scheduler.release(rid)
         msg = "request cancelled by a stop while the model was loading"
@@ -261,19 +263,23 @@ async def handle_stream_get(ctx: Router, ex: Exchange) -> None:
             400, error_body("Missing conversation id in path", "invalid_request_error")
         )
         return
-    model = ctx.conversations.lookup(conv_id)
+    # Another tenant's conversation is one that does not exist (the same 404).
+    model = ctx.conversations.lookup(conv_id, owner=tenant_of(ctx.settings, ex.request.key_name))
     if model is None and ctx.cluster is not None and await stream_elsewhere(ctx, ex):
         return  # another node holds it (--cluster-nodes)
+    if model is None:  # unknown, or another tenant's: no child is asked
+        await ex.respond(404, error_body("Stream not found or expired", "not_found_error"))
+        return
     path = f"/v1/stream?conv_id={quote(conv_id, safe='')}"
     if params.get("from"):
         path += f"&from={quote(params['from'], safe='')}"
 
     async def work() -> None:
-        async with ctx.scheduler.lease_if_ready(model or "") as grant:
+        async with ctx.scheduler.lease_if_ready(model) as grant:
             if grant is not None:
                 await ctx.relay.relay(ex, child=grant, body=b"", method="GET", target=path)
                 return
-        view = ctx.scheduler.snapshot.models.get(model) if model else None
+        view = ctx.scheduler.snapshot.models.get(model)
         if view is not None and view.status in (
             Status.LOADING,
             Status.DOWNLOADING,

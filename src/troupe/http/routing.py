@@ -22,8 +22,16 @@ DASHBOARD = "/troupe"  # the dashboard's pages (troupe.http.dashboard), clear of
 
 
 def is_dashboard(route: str) -> bool:
-    """The dashboard's page and static files (public, like the web UI: they hold no data)."""
-    return route == DASHBOARD or route.startswith(DASHBOARD + "/")
+    """The dashboard's page and static files (public, like the web UI: they hold no data):
+    ``/troupe``, ``/troupe/`` and the files under it, each named with an extension. Its
+    data (``/troupe/requests``, ``/troupe/history``, ``/troupe/version``: names without
+    one) needs the key, as every other route does."""
+    if route == DASHBOARD:
+        return True
+    if not route.startswith(DASHBOARD + "/"):
+        return False
+    name = route.rpartition("/")[2]
+    return not name or "." in name
 
 
 @attrs.frozen

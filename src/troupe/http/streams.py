@@ -1,7 +1,9 @@
 """Resumable-stream routes: find the child that owns a conversation (spec §10).
 
 Every request to a child goes through a lease on it (so it cannot be evicted while
-asked) and the one pooled transport, with upstream's 250 ms bounds.
+asked) and the one pooled transport, with upstream's 250 ms bounds. A conversation
+belongs to the tenant that started it (`troupe.http.keys.tenant_of`): another tenant's
+id is looked up, stopped and answered exactly as an unknown one.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import trio
 
 from troupe.api import JSON_TYPE, dumps
 from troupe.http.cluster_forward import ask_every_peer
+from troupe.http.keys import tenant_of
 from troupe.http.respond import local_body, send_error
 from troupe.http.server.exchange import Exchange
 from troupe.router import Router
@@ -53,9 +56,10 @@ async def streams_lookup(router: Router, ex: Exchange) -> None:
         return
     ids = body.get("conversation_ids") if isinstance(body, dict) else None
     per_model: dict[str, list[str]] = {}
+    owner = tenant_of(router.settings, ex.request.key_name)
     for cid in ids if isinstance(ids, list) else []:
         if isinstance(cid, str) and cid:
-            model = router.conversations.lookup(cid)
+            model = router.conversations.lookup(cid, owner=owner)
             if model is not None:
                 per_model.setdefault(model, []).append(cid)
     found: list[Any] = []
@@ -84,8 +88,10 @@ async def stream_delete(router: Router, ex: Exchange) -> None:
     if not conv_id:
         await send_error(ex, "Missing conversation id in path", "invalid_request_error")
         return
-    model = router.conversations.lookup(conv_id)
-    router.conversations.forget(conv_id)  # also cancels a request parked in a load wait
+    owner = tenant_of(router.settings, ex.request.key_name)
+    model = router.conversations.lookup(conv_id, owner=owner)
+    # Also cancels a request parked in a load wait (the owner's only).
+    router.conversations.forget(conv_id, owner=owner)
     if model is not None:
         async with router.scheduler.lease_if_ready(model) as grant:
             if grant is not None:  # the child logs its own miss; the answer is ignored

@@ -20,7 +20,7 @@ from troupe.api import JSON_TYPE, strip_prefix
 from troupe.catalog import ModelEntry
 from troupe.http import access
 from troupe.http.errors import NOT_FOUND_BODY, failure_body, middleware_error_body
-from troupe.http.keys import ring_for
+from troupe.http.keys import ring_for, tenant_of
 from troupe.http.models_json import architecture_of
 from troupe.http.proxy_routes import autoload_flag, validate_model
 from troupe.http.respond import retry_after
@@ -131,11 +131,13 @@ async def _serve(ctx: Router, request: WebSocketRequest, rec: AccessRecord) -> N
         return
     api_key = client_key(request)
     keys = ring_for(ctx.settings)
-    if keys and keys.match(api_key or "") is None:
+    key_name = keys.match(api_key or "") if keys else ""
+    if key_name is None:
         log.warning("unauthorized: Invalid API Key")
         body = middleware_error_body("Invalid API Key", "authentication_error", 401)
         await reject(401, "Invalid API Key", body)
         return
+    rec.tenant = tenant_of(ctx.settings, key_name)
     if strip_prefix(path, ctx.settings.api_prefix) not in REALTIME_PATHS:
         await reject(404, "File Not Found", NOT_FOUND_BODY)
         return
