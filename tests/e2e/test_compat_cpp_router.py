@@ -125,7 +125,7 @@ async def test_same_answers_as_the_cpp_router(
         )
 
         # Preflight: the same CORS headers.
-        pre = {"Origin": "http://example.org", "Access-Control-Request-Method": "POST"}
+        pre = {"Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST"}
         want_h = (await cpp.options("/v1/chat/completions", headers=pre)).headers
         got_h = (await ours.options("/v1/chat/completions", headers=pre)).headers
         for name in (

@@ -98,7 +98,7 @@ async def test_pipelined_requests_on_one_connection_are_answered_in_order(
             b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
             + tokenize()
             + b"GET /no/such HTTP/1.1\r\nHost: localhost\r\n\r\n"
-            + b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\nOrigin: http://o.example\r\n\r\n"
+            + b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\nOrigin: http://localhost:5173\r\n\r\n"
         )
         buf = bytearray()
         answers = [await read_response(stream, buf) for _ in range(4)]
@@ -109,7 +109,7 @@ async def test_pipelined_requests_on_one_connection_are_answered_in_order(
         assert answers[2][1] == NOT_FOUND_BODY
         for head, _ in answers:
             assert b"\r\nServer: llama.cpp" in head
-        assert b"Access-Control-Allow-Origin: http://o.example" in answers[3][0]
+        assert b"Access-Control-Allow-Origin: http://localhost:5173" in answers[3][0]
         await stream.aclose()
 
 

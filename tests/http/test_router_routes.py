@@ -143,9 +143,9 @@ async def test_api_key(fake_router: RouterFactory) -> None:
 
 async def test_cors_and_preflight(fake_router: RouterFactory) -> None:
     async with fake_router({"a": {}}) as router, router.client() as http:
-        resp = await http.get("/health", headers={"Origin": "http://example.org"})
-        assert resp.headers["access-control-allow-origin"] == "http://example.org"
-        resp = await http.options("/v1/chat/completions", headers={"Origin": "http://x"})
+        resp = await http.get("/health", headers={"Origin": "http://localhost:5173"})
+        assert resp.headers["access-control-allow-origin"] == "http://localhost:5173"
+        resp = await http.options("/v1/chat/completions", headers={"Origin": "http://[::1]:3000"})
         assert resp.status_code == 200
         assert resp.content == b""
         assert resp.headers["content-type"].startswith("text/html")
@@ -160,12 +160,19 @@ async def test_cors_and_preflight(fake_router: RouterFactory) -> None:
         assert "access-control-allow-origin" not in resp.headers
         resp = await http.get("/health", headers={"Origin": "http://localhost:3000"})
         assert resp.headers["access-control-allow-origin"] == "http://localhost:3000"
+    # An explicit --cors-origins '*' lets any page in, llama.cpp's echo and all.
+    async with fake_router({"a": {}}, "--cors-origins", "*") as router, router.client() as http:
+        resp = await http.get("/health", headers={"Origin": "http://example.org"})
+        assert resp.headers["access-control-allow-origin"] == "http://example.org"
 
 
 async def test_api_prefix(fake_router: RouterFactory) -> None:
     async with fake_router({"a": {}}, "--api-prefix", "/llm") as router, router.client() as http:
         assert (await http.get("/llm/health")).status_code == 200
-        assert (await http.get("/health")).status_code == 404
+        assert (await http.get("/health")).status_code == 200  # as upstream: probes work
+        assert (await http.get("/llm/v1/health")).status_code == 200
+        assert (await http.get("/v1/health")).status_code == 200
+        assert (await http.get("/tokenize")).status_code == 404
         resp = await http.post("/llm/tokenize", json={"model": "a", "content": "hello"})
         assert resp.status_code == 200
         assert "tokens" in resp.json()

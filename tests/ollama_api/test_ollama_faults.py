@@ -81,17 +81,17 @@ async def test_cors_and_a_client_that_leaves_the_queue(fake_router: RouterFactor
         fake_router({"slow": {"fake-load-time": "30"}}) as router,
         router.client() as http,
     ):
-        origin = {"Origin": "http://example.org"}
+        origin = {"Origin": "http://localhost:5173"}
         tags = await http.get("/api/tags", headers=origin)
         openai = await http.get("/v1/models", headers=origin)
-        assert tags.headers["access-control-allow-origin"] == "http://example.org"
+        assert tags.headers["access-control-allow-origin"] == "http://localhost:5173"
         assert (
             tags.headers["access-control-allow-origin"]
             == (openai.headers["access-control-allow-origin"])
         )
         pre = await http.options(
             "/api/chat",
-            headers={"Origin": "http://example.org", "Access-Control-Request-Method": "POST"},
+            headers={"Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST"},
         )
         assert pre.status_code == 200
         assert "POST" in pre.headers["access-control-allow-methods"]

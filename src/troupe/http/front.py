@@ -9,7 +9,10 @@ All of it is decided at the head (`Front.admit`, called by the server's parser o
 head is complete, before a byte of the body is read): a refused request with a body
 is answered and its connection closed unread, and ``100 Continue`` only goes to a
 request that will be served. Before all of it, on a loopback listener, the Host
-check (`troupe.http.hosts`). ``HEAD`` is served as ``GET`` without the body.
+check (`troupe.http.hosts`), then on every listener the Origin check
+(`troupe.http.cors.OriginCheck`: a browser page from an origin not allowed gets 403,
+its request never runs). ``HEAD`` is served as ``GET`` without the body. ``/health``
+and ``/v1/health`` answer with and without the ``--api-prefix``, as upstream.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = ["Front"]
 log = logging.getLogger("troupe.http")
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/"})
+HEALTH_PATHS = frozenset({"/health", "/v1/health"})  # also outside the --api-prefix
 _SERVER = b"Server: llama.cpp\r\n"
 _LOADING = middleware_error_body("Loading model", "unavailable_error", 503)
 _UNAUTHORIZED = middleware_error_body("Invalid API Key", "authentication_error", 401)
@@ -45,7 +49,13 @@ _BAD_HOST = middleware_error_body(
 )
 _REFUSE_LOADING = Refusal(503, _LOADING)
 _REFUSE_KEY = Refusal(401, _UNAUTHORIZED)
+_BAD_ORIGIN = middleware_error_body(
+    "Origin not allowed (a browser page from another site: see --cors-origins)",
+    "permission_error",
+    403,
+)
 _REFUSE_HOST = Refusal(403, _BAD_HOST)
+_REFUSE_ORIGIN = Refusal(403, _BAD_ORIGIN)
 _REFUSE_ROUTE = Refusal(404, NOT_FOUND_BODY)
 # Routes whose body goes to a child (up to --max-body-mib); every other takes a small
 # JSON document (LOCAL_MAX_BODY).
@@ -61,6 +71,7 @@ class Front:
         self._prefix = settings.api_prefix
         self._keys = ring_for(settings)
         self._hosts = HostCheck(settings.hosts, settings.allowed_hosts)
+        self._origins = cors.OriginCheck(settings.allowed_origins)
         self._preflight = [(k.title(), v) for k, v in cors.preflight_headers(settings)]
         self._echo_origin = settings.cors_credentials and settings.cors_origins == "*"
         # Fixed origins: the same CORS line on every response, rendered once.
@@ -71,8 +82,15 @@ class Front:
         """``Server: llama.cpp`` and ``Access-Control-Allow-Origin`` (§3.1)."""
         settings = self.router.settings
         if self._echo_origin:
-            origin = request.header(b"origin") or ""
-            return _SERVER + b"Access-Control-Allow-Origin: " + origin.encode("latin-1") + b"\r\n"
+            origin = request.header(b"origin")
+            if not self._origins.allows(origin, request.authority):
+                return _SERVER  # refused: its page gets nothing to read
+            return (
+                _SERVER
+                + b"Access-Control-Allow-Origin: "
+                + (origin or "").encode("latin-1")
+                + b"\r\n"
+            )
         if settings.cors_origins == "localhost":
             extra = cors.allow_origin_headers(settings, request.header(b"origin"))
             return _SERVER + b"".join(b"%b: %b\r\n" % (k.title(), v) for k, v in extra)
@@ -81,7 +99,7 @@ class Front:
     def _key_name(self, request: Request, route: str | None) -> str | None:
         """Whose key the request carries ("" where none is needed), None if refused."""
         keys = self._keys
-        if not keys or request.path in PUBLIC_PATHS:
+        if not keys or request.path in PUBLIC_PATHS or route in PUBLIC_PATHS:
             return ""
         if request.method == "GET" and route is not None and is_dashboard(route):
             return ""  # the dashboard's page asks for the key and sends it with each request
@@ -93,6 +111,11 @@ class Front:
         if not self._hosts.allows(request.authority):
             log.warning("refused Host %r (DNS rebinding protection)", request.authority[:100])
             return _REFUSE_HOST
+        if not self._origins.allows(request.header(b"origin"), request.authority):
+            log.warning(
+                "refused Origin %r (see --cors-origins)", (request.header(b"origin") or "")[:100]
+            )
+            return _REFUSE_ORIGIN
         if request.method == "OPTIONS":
             request.route = self._options
             return None
@@ -101,6 +124,8 @@ class Front:
         if request.method == "HEAD":
             request.method = "GET"  # served as a GET; the exchange sends no body
         route = strip_prefix(request.path, self._prefix)
+        if route is None and request.path in HEALTH_PATHS:
+            route = request.path  # health probes know nothing of the prefix
         name = self._key_name(request, route)
         if name is None:
             log.warning("unauthorized: Invalid API Key")
@@ -142,6 +167,10 @@ class Front:
         authenticates and routes itself."""
         if not self._hosts.allows(ex.request.authority):
             await ex.respond(403, _BAD_HOST)
+            return
+        if not self._origins.allows(ex.request.header(b"origin"), ex.request.authority):
+            log.warning("refused a WebSocket from Origin %r", ex.request.header(b"origin"))
+            await ex.respond(403, _BAD_ORIGIN)
             return
         if not self.router.ready:
             await ex.respond(503, _LOADING)

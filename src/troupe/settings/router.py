@@ -122,6 +122,9 @@ class RouterSettings:
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True
+    # Browser origins admitted at all (troupe.http.cors.OriginCheck) beside loopback ones
+    # and the request's own host: an explicit --cors-origins list; ("*",): any.
+    allowed_origins: tuple[str, ...] = ()
     offline: bool = False
     ui_config: Mapping[str, object] = attrs.field(factory=dict)
     ui_mcp_proxy: bool = False
@@ -251,6 +254,15 @@ def _non_negative(value: int, spelling: str) -> int:
     if value < 0:
         raise UsageError(f"invalid value for {spelling}: {value} (expected 0 or more)")
     return value
+
+
+def _allowed_origins(get: _Lookup) -> tuple[str, ...]:
+    """The origins an explicit ``--cors-origins`` lists (its default ``*`` is
+    llama.cpp's CORS header, not a choice to let every web page drive troupe)."""
+    got = get.get("--cors-origins")
+    if got is None or got[1].strip().lower() == "localhost":
+        return ()
+    return tuple(o.strip() for o in got[1].split(",") if o.strip())
 
 
 def log_format(text: str) -> str:
@@ -416,6 +428,7 @@ def build_settings(
         cors_methods=get.text("--cors-methods", "GET, POST, DELETE, OPTIONS"),
         cors_headers=get.text("--cors-headers", "*"),
         cors_credentials=get.boolean("--cors-credentials", True),
+        allowed_origins=_allowed_origins(get),
         offline=get.boolean("--offline", False),
         ui_config=ui_config,
         ui_mcp_proxy=get.boolean("--ui-mcp-proxy", False),
