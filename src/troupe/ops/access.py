@@ -14,6 +14,7 @@ import collections
 import json
 import logging
 import operator
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,6 +36,20 @@ ALL_KINDS = frozenset({"proxied", "realtime", "local"})
 DEFAULT_KINDS = frozenset({"proxied", "realtime"})  # the model traffic
 PENDING_MAX = 10_000  # access lines not yet written (beyond: the oldest are dropped)
 WRITE_EVERY = 0.05  # seconds: lines go out in batches, one write each, off the request path
+
+
+# What nginx's access log escapes (``escape=default``): '"', '\\', bytes under 0x20 and
+# from 0x7f up, each as \xHH of its UTF-8 bytes. A request line cannot forge another.
+_UNSAFE = re.compile(r'[^\x20\x21\x23-\x5b\x5d-\x7e]')
+
+
+def _hex(match: re.Match[str]) -> str:
+    return "".join(f"\\x{b:02X}" for b in match.group().encode("utf-8", "surrogatepass"))
+
+
+def escape(text: str) -> str:
+    """``text`` as nginx writes a field of its access log (one line, ASCII)."""
+    return _UNSAFE.sub(_hex, text) if _UNSAFE.search(text) else text
 
 
 @attrs.define(slots=True)
@@ -80,7 +95,8 @@ class AccessRecord:
     def text(self) -> str:
         """The access log's text form: one line, ``key=value`` after the request line."""
         parts = [
-            f'{self.client} "{self.method} {self.path}" {self.status} model={self.model or "-"}'
+            f'{escape(self.client)} "{escape(self.method)} {escape(self.path)}" {self.status} '
+            f'model={escape(self.model) if self.model else "-"}'
         ]
         # Unrolled (this runs once per line written): the waits, then the answer's times.
         if self.queue_wait is not None:
@@ -98,7 +114,7 @@ class AccessRecord:
             parts.append(f"tps={self.tokens_per_second:.1f}")
         parts.append(f"bytes={self.bytes_in}/{self.bytes_out}")
         if self.conversation:
-            parts.append(f"conv={self.conversation}")
+            parts.append(f"conv={escape(self.conversation)}")
         if self.kind != "proxied":
             parts.append(f"kind={self.kind}")
         if self.close_code is not None:
