@@ -19,7 +19,9 @@ Each entry belongs to the tenant that created it (``owner``: the name of its API
 when several keys are configured, "" otherwise; `troupe.http.keys.tenant_of`). The
 table is keyed by (owner, id): another tenant's id is, to every method, an id that does
 not exist (the same dict lookup, the same answer), and a request of another tenant
-with the same id neither replaces nor cancels the owner's.
+with the same id neither replaces nor cancels the owner's. A child keeps each stream
+by the id it was sent, so it is sent `child_id` (the owner's name, which has no ``:``,
+then ``:`` and the id): two tenants' streams of the same id never meet in a child.
 """
 
 from __future__ import annotations
@@ -29,9 +31,23 @@ import itertools
 import attrs
 import trio
 
-__all__ = ["MAX_CONVERSATIONS", "ConversationTracker"]
+__all__ = ["MAX_CONVERSATIONS", "ConversationTracker", "child_id", "from_child_id"]
 
 MAX_CONVERSATIONS = 10_000
+
+
+def child_id(conv_id: str, owner: str) -> str:
+    """The id ``owner``'s conversation ``conv_id`` has in a child (the same id with no
+    owner: one tenant)."""
+    return f"{owner}:{conv_id}" if owner else conv_id
+
+
+def from_child_id(found: str, owner: str) -> str | None:
+    """The client's id of a child's ``found`` when it is ``owner``'s, else None."""
+    if not owner:
+        return found
+    prefix = owner + ":"
+    return found[len(prefix) :] if found.startswith(prefix) else None
 
 
 @attrs.define

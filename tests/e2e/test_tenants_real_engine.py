@@ -9,7 +9,6 @@ line, and no route that shows a child's arguments or preset shows it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -50,12 +49,23 @@ async def test_a_stream_is_its_owners_only(
         stop = await http.delete("/v1/stream", params={"conv_id": "conv-a"}, headers=bob)
         assert stop.status_code == 204
 
+        # Bob's own conversation of the same id: his, beside hers (in the child too).
+        his_body = {**body, "prompt": "another", "max_tokens": 3}
+        his = await http.post(
+            "/v1/completions", json=his_body, headers={**bob, "X-Conversation-Id": "conv-a"}
+        )
+        assert his.status_code == 200
+        assert his.text != first.text
+        replay = await http.get("/v1/stream", params={"conv_id": "conv-a"}, headers=bob)
+        assert replay.text == his.text
+
         # Bob's stop stopped nothing: alice replays her whole answer.
         replay = await http.get("/v1/stream", params={"conv_id": "conv-a"}, headers=alice)
         assert replay.status_code == 200
         assert replay.text == first.text
         found = (await http.post("/v1/streams/lookup", json=lookup, headers=alice)).json()
         assert [item["conversation_id"] for item in found] == ["conv-a"]
+        assert found[0]["total_bytes"] == len(first.content)
         assert (
             await http.delete("/v1/stream", params={"conv_id": "conv-a"}, headers=alice)
         ).status_code == 204
@@ -66,9 +76,10 @@ async def test_a_stream_is_its_owners_only(
         mine = (await http.get("/troupe/requests", params={"kind": "all"}, headers=bob)).json()
         assert mine["data"]
         assert all(item["tenant"] == "bob" for item in mine["data"])
-        assert "conv-a" not in json.dumps(mine)
+        completions = [i for i in mine["data"] if i["path"] == "/v1/completions"]
+        assert len(completions) == 1  # his own, not alice's
         hers = (await http.get("/troupe/requests", headers=alice)).json()["data"]
-        assert "conv-a" in [item["conversation"] for item in hers]
+        assert [(i["path"], i["conversation"]) for i in hers] == [("/v1/completions", "conv-a")]
 
 
 def _proc(pid: int, name: str) -> list[bytes]:

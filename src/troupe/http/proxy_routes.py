@@ -11,6 +11,7 @@ import trio
 
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.catalog import ModelEntry
+from troupe.conversations import child_id
 from troupe.http import access
 from troupe.http.body_model import BadBody, model_from_body
 from troupe.http.cluster_forward import forward_elsewhere, stream_elsewhere
@@ -244,6 +245,12 @@ async def handle_proxy_post(ctx: Router, ex: Exchange) -> None:
     if ctx.cluster is not None and await forward_elsewhere(ctx, ex, name):
         return  # another node's model: served there (--cluster-nodes)
     conv_id = ex.header(b"x-conversation-id") or ""
+    owner = tenant_of(ctx.settings, ex.request.key_name)
+    if conv_id and owner:  # the child keeps the stream under the owner's id
+        headers = ex.request.headers
+        for i, (key, _value) in enumerate(headers):
+            if key == b"x-conversation-id":
+                headers[i] = (key, child_id(conv_id, owner).encode("latin-1"))
     await _serve(ctx, ex, name, update_last_used=True, conv_id=conv_id)
 
 
@@ -264,13 +271,14 @@ async def handle_stream_get(ctx: Router, ex: Exchange) -> None:
         )
         return
     # Another tenant's conversation is one that does not exist (the same 404).
-    model = ctx.conversations.lookup(conv_id, owner=tenant_of(ctx.settings, ex.request.key_name))
+    owner = tenant_of(ctx.settings, ex.request.key_name)
+    model = ctx.conversations.lookup(conv_id, owner=owner)
     if model is None and ctx.cluster is not None and await stream_elsewhere(ctx, ex):
         return  # another node holds it (--cluster-nodes)
     if model is None:  # unknown, or another tenant's: no child is asked
         await ex.respond(404, error_body("Stream not found or expired", "not_found_error"))
         return
-    path = f"/v1/stream?conv_id={quote(conv_id, safe='')}"
+    path = f"/v1/stream?conv_id={quote(child_id(conv_id, owner), safe='')}"
     if params.get("from"):
         path += f"&from={quote(params['from'], safe='')}"
 

@@ -15,6 +15,7 @@ from urllib.parse import quote
 import trio
 
 from troupe.api import JSON_TYPE, dumps
+from troupe.conversations import child_id, from_child_id
 from troupe.http.cluster_forward import ask_every_peer
 from troupe.http.keys import tenant_of
 from troupe.http.respond import local_body, send_error
@@ -27,11 +28,13 @@ LOOKUP_TIMEOUT = 0.25  # seconds, upstream's STREAM_LOOKUP_TIMEOUT_MS
 _SCOPE: dict[str, Any] = {"headers": [(b"content-type", b"application/json")]}
 
 
-async def _lookup_in(router: Router, model: str, ids: list[str], found: list[Any]) -> None:
+async def _lookup_in(
+    router: Router, model: str, ids: list[str], owner: str, found: list[Any]
+) -> None:
     async with router.scheduler.lease_if_ready(model) as grant:
         if grant is None:
             return
-        body = dumps({"conversation_ids": ids})
+        body = dumps({"conversation_ids": [child_id(cid, owner) for cid in ids]})
         answer = None
         with trio.move_on_after(LOOKUP_TIMEOUT):
             answer = await router.relay.fetch(_SCOPE, grant, "POST", "/v1/streams/lookup", body)
@@ -42,7 +45,15 @@ async def _lookup_in(router: Router, model: str, ids: list[str], found: list[Any
     except ValueError:
         return
     if isinstance(items, list):
-        found += [item for item in items if isinstance(item, dict)]
+        found += [_as_client(item, owner) for item in items if isinstance(item, dict)]
+
+
+def _as_client(item: dict[str, Any], owner: str) -> dict[str, Any]:
+    """A child's lookup item with the client's own conversation id."""
+    cid = item.get("conversation_id")
+    if not owner or not isinstance(cid, str):
+        return item
+    return {**item, "conversation_id": from_child_id(cid, owner) or cid}
 
 
 async def streams_lookup(router: Router, ex: Exchange) -> None:
@@ -65,7 +76,7 @@ async def streams_lookup(router: Router, ex: Exchange) -> None:
     found: list[Any] = []
     async with trio.open_nursery() as nursery:
         for model, group in sorted(per_model.items()):
-            nursery.start_soon(_lookup_in, router, model, group, found)
+            nursery.start_soon(_lookup_in, router, model, group, owner, found)
     if router.cluster is not None:  # the other nodes' conversations (--cluster-nodes)
         found += _peer_items(await ask_every_peer(router, ex, LOOKUP_TIMEOUT * 2))
     await ex.respond(200, dumps(found), JSON_TYPE)
@@ -95,7 +106,7 @@ async def stream_delete(router: Router, ex: Exchange) -> None:
     if model is not None:
         async with router.scheduler.lease_if_ready(model) as grant:
             if grant is not None:  # the child logs its own miss; the answer is ignored
-                target = f"/v1/stream?conv_id={quote(conv_id, safe='')}"
+                target = f"/v1/stream?conv_id={quote(child_id(conv_id, owner), safe='')}"
                 with trio.move_on_after(LOOKUP_TIMEOUT):
                     await router.relay.fetch(_SCOPE, grant, "DELETE", target, b"")
     elif router.cluster is not None:  # held by another node, if any (--cluster-nodes)
