@@ -36,15 +36,19 @@ async def complete(r: RunningRouter, model: str, prompt: str, **extra: object) -
         return out
 
 
-async def kv_of(r: RunningRouter, model: str) -> dict[str, int]:
-    async with r.client() as http:
+async def kv_of(
+    r: RunningRouter, model: str, headers: dict[str, str] | None = None
+) -> dict[str, int]:
+    async with r.client(headers=headers) as http:
         data = (await http.get("/models")).json()["data"]
     found: dict[str, int] = {m["id"]: m for m in data}[model]["troupe"]["kv"]
     return found
 
 
-async def metric(r: RunningRouter, name: str, **labels: str) -> float:
-    async with r.client() as http:
+async def metric(
+    r: RunningRouter, name: str, headers: dict[str, str] | None = None, **labels: str
+) -> float:
+    async with r.client(headers=headers) as http:
         text = (await http.get("/metrics")).text
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     for line in text.splitlines():
