@@ -19,7 +19,7 @@ from troupe.http.errors import error_body
 from troupe.http.keys import tenant_of
 from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
-from troupe.kvstore import Hold, tokens_held
+from troupe.kvstore import Hold, cached_held, tokens_held
 from troupe.ops.access import AccessRecord
 from troupe.proxy.relay import ChildLost, RelayReport
 from troupe.router import Router
@@ -218,8 +218,11 @@ async def _lease_and_relay(
                 # Held on a slot of this child while it is relayed: its conversation's,
                 # or one whose conversation the store saved first, with this one's
                 # stored entry restored into it (bounded; any trouble leaves it as it came).
+                # With several keys, only this key's conversations (`tenant_of`).
                 hold = await stack.enter_async_context(
-                    ctx.kv.steered(grant.model, grant.gen, grant.port, ex.path, body, conv_id)
+                    ctx.kv.steered(
+                        grant.model, grant.gen, grant.port, ex.path, body, conv_id, tenant=owner
+                    )
                 )
                 body = hold.body
             await ctx.relay.relay(
@@ -232,6 +235,7 @@ async def _lease_and_relay(
             )
             if hold is not None and hold.slot is not None:
                 hold.tokens = tokens_held(report.tail)  # what the slot holds now
+                hold.cached = cached_held(report.tail)  # what it reused (a restore's check)
     finally:
         await scheduler.release(rid)
 

@@ -20,6 +20,7 @@ import trio
 
 from troupe.api import dumps
 from troupe.catalog import ModelEntry
+from troupe.http.keys import tenant_of
 from troupe.http.server.exchange import Exchange
 from troupe.kvstore import Hold
 from troupe.ollama.answers import Answer, created_at, error_message
@@ -97,9 +98,9 @@ async def _answer(
         answer = Answer(name, chat=chat, kind=child.kind, started=started, load_s=waited)
         answers.append(answer)
         async with _on_slot(ctx, ex, grant, child) as hold:
-            body = child.body if hold.slot is None else {**child.body, "id_slot": hold.slot}
+            body = {**child.body, **hold.fields()}
             await _relay(ctx, ex, grant, child.target, body, answer, stream)
-            hold.tokens = answer.slot_tokens
+            hold.tokens, hold.cached = answer.slot_tokens, answer.slot_cached
 
     await lease(ctx, ex, entry, keep_alive, work, tokens)
 
@@ -115,7 +116,7 @@ async def _on_slot(
         return
     conv = ex.header(b"x-conversation-id") or ""
     args = (grant.model, grant.gen, grant.port, child.target, child.body, conv)
-    async with ctx.kv.held(*args) as hold:
+    async with ctx.kv.held(*args, tenant=tenant_of(ctx.settings, ex.request.key_name)) as hold:
         yield hold
 
 

@@ -165,7 +165,9 @@ async def _serve(ctx: Router, request: WebSocketRequest, rec: AccessRecord) -> N
         names=frozenset({entry.name, *entry.aliases, params["model"]}),
         modalities=partial(model_modalities, ctx, entry),
     )
-    call = ChildCall(ctx, entry.name, autoload, api_key if ctx.settings.api_keys else None)
+    call = ChildCall(
+        ctx, entry.name, autoload, api_key if ctx.settings.api_keys else None, rec.tenant
+    )
     idle = ctx.settings.ws_idle_timeout
     keep = Keepalive(ping=partial(_ping, conn), interval=min(PING_INTERVAL, idle / 2), idle=idle)
     session = Session(conn, model, call, config, LIMITS, stop=ctx.http_stop, keepalive=keep)
