@@ -238,13 +238,6 @@ class SlotMap:
             s.last_used = trio.current_time()
             self._hand_over()
 
-    def overwritten(self, slot: int) -> None:
-        """A request the map did not place (its own ``id_slot``) used ``slot``."""
-        s = self._slots.get(slot)
-        if s is not None and not s.busy:
-            s.conv, s.text, s.tokens = "", None, None
-            s.tenant = None if self.private else ""
-
     def owner(self, slot: int) -> str | None:
         """Whose tokens ``slot`` holds ("" without ``private``; None: unknown)."""
         s = self._slots.get(slot)
