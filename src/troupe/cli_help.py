@@ -129,7 +129,15 @@ troupe's own:
                             loopback ones (comma-separated; `*`: any)
   --body-timeout SECONDS    a request body must be complete this long after its
                             head (default: 300)
-  --max-connections N       open connections; past it 503 (default: 1024)
+  --body-min-rate BYTES, --body-rate-grace SECONDS
+                            and keep this pace (bytes a second) once this long
+                            after its head, else 408 (default: 500, 10; 0: off)
+  --max-connections N       open connections; at it a new one takes the place of
+                            the oldest serving nothing, else 503 (default: 1024)
+  --max-connections-per-client N
+                            the same from one address; loopback and UNIX socket
+                            clients (a proxy in front) are not counted
+                            (default: 256; 0: no cap)
   --ws-idle-timeout SECONDS close a WebSocket session silent this long (default: 300)
 
 every other llama-server flag (--ctx-size, --n-gpu-layers, --temp, --jinja, ...)

@@ -21,10 +21,10 @@ import logging
 
 import trio
 
-from troupe.api import strip_prefix
+from troupe.api import dumps, strip_prefix
 from troupe.http import cors
 from troupe.http.access import refused_record
-from troupe.http.errors import NOT_FOUND_BODY, middleware_error_body
+from troupe.http.errors import NOT_FOUND_BODY, error_body, middleware_error_body
 from troupe.http.hosts import HostCheck
 from troupe.http.keys import ring_for
 from troupe.http.proxy_routes import handle_proxy_get, handle_proxy_post, handle_stream_get
@@ -57,9 +57,21 @@ _BAD_ORIGIN = middleware_error_body(
 _REFUSE_HOST = Refusal(403, _BAD_HOST)
 _REFUSE_ORIGIN = Refusal(403, _BAD_ORIGIN)
 _REFUSE_ROUTE = Refusal(404, NOT_FOUND_BODY)
+# Methods no route takes a body for: a request declaring one is refused at its head,
+# before a byte of it is read (a public GET /health cannot hold a connection open
+# awaiting a body). A DELETE may take one (Ollama's /api/delete).
+_NO_BODY = frozenset({"GET", "HEAD", "OPTIONS"})
 # Routes whose body goes to a child (up to --max-body-mib); every other takes a small
 # JSON document (LOCAL_MAX_BODY).
 _RELAYED: frozenset[Handler] = frozenset({handle_proxy_post, handle_proxy_get, handle_stream_get})
+
+
+def _no_body(request: Request) -> Refusal:
+    """400 for a body where none is taken: llama.cpp's error shape, Ollama's on /api/."""
+    message = f"{request.method} {request.path[:200]} takes no request body"
+    if request.path.startswith("/api/"):
+        return Refusal(400, dumps({"error": message}))
+    return Refusal(400, error_body(message, "invalid_request_error"))
 
 
 class Front:
@@ -116,6 +128,8 @@ class Front:
                 "refused Origin %r (see --cors-origins)", (request.header(b"origin") or "")[:100]
             )
             return _REFUSE_ORIGIN
+        if request.method in _NO_BODY and request.has_body:
+            return _no_body(request)
         if request.method == "OPTIONS":
             request.route = self._options
             return None

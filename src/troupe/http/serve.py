@@ -38,6 +38,9 @@ def server_config(settings: RouterSettings) -> ServerConfig:
         read_timeout=float(settings.timeout),
         body_timeout=settings.body_timeout,
         max_connections=settings.max_connections,
+        max_per_client=settings.max_connections_per_client,
+        body_min_rate=settings.body_min_rate,
+        body_rate_grace=settings.body_rate_grace,
         ws_max_message=settings.ws_max_message_bytes,
     )
 

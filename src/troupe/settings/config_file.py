@@ -78,6 +78,9 @@ class TroupeSection:
     allowed_hosts: str | None = None
     body_timeout: float | None = None
     max_connections: int | None = None
+    max_connections_per_client: int | None = None
+    body_min_rate: int | None = None
+    body_rate_grace: float | None = None
     ws_idle_timeout: float | None = None
     kv_store: str | None = None
     kv_store_mib: int | None = None
@@ -133,6 +136,9 @@ _TROUPE = {
     "allowed_hosts": "--allowed-hosts",
     "body_timeout": "--body-timeout",
     "max_connections": "--max-connections",
+    "max_connections_per_client": "--max-connections-per-client",
+    "body_min_rate": "--body-min-rate",
+    "body_rate_grace": "--body-rate-grace",
     "ws_idle_timeout": "--ws-idle-timeout",
     "kv_store": "--kv-store",
     "kv_store_mib": "--kv-store-mib",

@@ -88,6 +88,9 @@ TROUPE_OPTIONS: tuple[EngineOption, ...] = (
     _opt("--allowed-hosts", hint="HOSTS", env="TROUPE_ALLOWED_HOSTS"),
     _opt("--body-timeout", hint="SECONDS", env="TROUPE_BODY_TIMEOUT"),
     _opt("--max-connections", hint="N", env="TROUPE_MAX_CONNECTIONS"),
+    _opt("--max-connections-per-client", hint="N", env="TROUPE_MAX_CONNECTIONS_PER_CLIENT"),
+    _opt("--body-min-rate", hint="BYTES", env="TROUPE_BODY_MIN_RATE"),
+    _opt("--body-rate-grace", hint="SECONDS", env="TROUPE_BODY_RATE_GRACE"),
     _opt("--ws-idle-timeout", hint="SECONDS", env="TROUPE_WS_IDLE_TIMEOUT"),
     _opt("--kv-store", hint="on|off", env="TROUPE_KV_STORE"),
     _opt("--kv-store-mib", hint="N", env="TROUPE_KV_STORE_MIB"),
@@ -160,6 +163,10 @@ class RouterSettings:
     allowed_hosts: tuple[str, ...] = ()
     body_timeout: float = 300.0  # from a request's head to the end of its body
     max_connections: int = 1024  # open at once; past it 503 (GET /health has a reserve)
+    # Open at once from one address (loopback and UNIX sockets not counted); 0: no cap.
+    max_connections_per_client: int = 256
+    body_min_rate: int = 500  # bytes a second a body must keep up after the grace; 0: off
+    body_rate_grace: float = 10.0  # seconds after a head before the body's pace counts
     ws_idle_timeout: float = 300.0  # a WebSocket session the client says nothing on
     # Every llama-server option from the command line, forwarded to children (spec §2.5).
     base_args: tuple[tuple[EngineOption, str], ...] = ()
@@ -455,6 +462,11 @@ def build_settings(
         ),
         body_timeout=_seconds("--body-timeout", own.text("--body-timeout", "300")),
         max_connections=_positive_int("--max-connections", own.integer("--max-connections", 1024)),
+        max_connections_per_client=_non_negative(
+            own.integer("--max-connections-per-client", 256), "--max-connections-per-client"
+        ),
+        body_min_rate=_non_negative(own.integer("--body-min-rate", 500), "--body-min-rate"),
+        body_rate_grace=_seconds("--body-rate-grace", own.text("--body-rate-grace", "10")),
         ws_idle_timeout=_seconds("--ws-idle-timeout", own.text("--ws-idle-timeout", "300")),
         cluster_nodes=own.text("--cluster-nodes", "").strip(),
         base_args=tuple({**(config or {}), **cli}.items()),

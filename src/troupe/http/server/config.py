@@ -20,10 +20,25 @@ class ServerConfig:
     # From a request's head to the end of its body, whatever its pace (--body-timeout):
     # a body trickled a byte at a time is answered 408 and dropped.
     body_timeout: float = 300.0
-    # Open connections (--max-connections): past it, a new one gets 503 and the close,
-    # except `health_reserve` more that may ask for GET /health.
+    # And a pace (--body-min-rate, --body-rate-grace; Apache mod_reqtimeout's MinRate):
+    # ``body_rate_grace`` seconds after the head, then one more second per
+    # ``body_min_rate`` bytes received; a body that falls behind gets 408 and the close.
+    # 0: no pace, only the total bound.
+    body_min_rate: int = 500
+    body_rate_grace: float = 10.0
+    # Open connections (--max-connections): at it, a new one takes the place of the
+    # oldest that holds no request being served (idle between requests, silent since
+    # it opened, or its head still incomplete); when every one is serving, it gets 503
+    # and the close, except `health_reserve` more that may ask for GET /health.
     max_connections: int = 1024
     health_reserve: int = 16
+    # Open connections from one client address (--max-connections-per-client; 0: no
+    # cap), the same way: its own oldest that serves nothing makes room, else 503.
+    # Loopback and UNIX socket clients are one address for every client of a proxy on
+    # the same host (nginx, HAProxy): only the total cap counts for them, unless
+    # ``per_client_loopback``.
+    max_per_client: int = 256
+    per_client_loopback: bool = False
     ws_max_message: int = 16 << 20  # --ws-max-message-mib
     # Pipelined bytes read ahead while a response is written (the rest waits in the
     # socket, which is backpressure on the client).

@@ -15,6 +15,7 @@ goes out, so a client without a key costs nothing.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 from contextlib import suppress
 from typing import TYPE_CHECKING, Protocol
@@ -96,8 +97,13 @@ _FULL = Refusal(503, dumps({"error": {"code": 503, "message": "too many open con
 
 
 def _health_only(request: Request) -> Refusal | None:
-    """Admission on a connection past the cap: a health probe, or the 503."""
-    if request.method in ("GET", "HEAD") and request.path.endswith("/health"):
+    """Admission on a connection past the cap: a health probe (without a body), or
+    the 503."""
+    if (
+        request.method in ("GET", "HEAD")
+        and request.path.endswith("/health")
+        and not request.has_body
+    ):
         return None
     return _FULL
 
@@ -126,10 +132,21 @@ def _peer_of(raw: socket.socket | None) -> str:
 
 class Connection:
     def __init__(
-        self, server: HttpServer, stream: trio.abc.Stream, *, reserve: bool = False
+        self,
+        server: HttpServer,
+        stream: trio.abc.Stream,
+        *,
+        reserve: bool = False,
+        client: str = "",
     ) -> None:
         self.server = server
         self.reserve = reserve  # opened past --max-connections: GET /health only, once
+        self.client = client  # the address counted against the cap per client ("": none)
+        # In the server's `resting` (no request being served: it may be reclaimed), and
+        # reclaimed (closed to make room for a new connection: it ends, unanswered).
+        self.resting = False
+        self.reclaimed = False
+        self.head_scope: trio.CancelScope | None = None  # set while a head (or TLS) arrives
         self.raw: socket.socket | None = None  # the plain socket under a SocketStream
         if isinstance(stream, trio.SocketStream):
             stream, self.raw = _with_raw_socket(stream)
@@ -168,12 +185,23 @@ class Connection:
         if self.request_scope is not None:
             self.request_scope.cancel()
 
+    def reclaim(self) -> None:
+        """Close to make room (it serves nothing): whatever it waits for ends now."""
+        self.reclaimed = True
+        if self.idle_scope is not None:
+            self.idle_scope.cancel()
+        if self.head_scope is not None:
+            self.head_scope.cancel()
+
     async def _loop(self) -> None:
         server = self.server
         if isinstance(self.stream, trio.SSLStream):
+            server.rest(self)
             with trio.move_on_after(server.config.head_timeout) as handshake:
+                self.head_scope = handshake
                 await self.stream.do_handshake()
-            if handshake.cancelled_caught:
+            self.head_scope = None
+            if handshake.cancelled_caught or self.reclaimed:
                 return
         while True:
             request = await self._next_request()
@@ -219,15 +247,21 @@ class Connection:
         # lets a server skip them, not wait for them forever) to its end.
         head_deadline: float | None = None
         body_deadline: float | None = None
+        body_start = 0.0
         continued = False
         while True:
             if parser.ready:
+                if self.resting:
+                    self.server.busy(self)
                 return parser.ready.popleft()
             current = parser.current
             if current is not None and parser.head_done:
                 head_deadline = None
+                if self.resting:
+                    self.server.busy(self)
                 if body_deadline is None:
-                    body_deadline = trio.current_time() + config.body_timeout
+                    body_start = trio.current_time()
+                    body_deadline = body_start + config.body_timeout
                 if current.too_large:
                     limit = current.max_body
                     msg = f"request body is larger than the limit of {limit} bytes"
@@ -240,10 +274,14 @@ class Connection:
                     await self.stream.send_all(_CONTINUE)
             elif current is not None and head_deadline is None:
                 head_deadline = trio.current_time() + config.head_timeout
+                if not self.resting:
+                    self.server.rest(self)  # a head begun: reclaimable until complete
             if current is None and not self.read_ahead and head_deadline is None:
                 # Between requests: the drain may close an idle connection right here.
                 if self.eof or self.server.draining:
                     return None
+                if not self.resting:
+                    self.server.rest(self)
                 # (deadline given to the constructor: setting it later costs more)
                 with trio.CancelScope(
                     deadline=trio.current_time() + config.keep_alive_timeout
@@ -251,20 +289,33 @@ class Connection:
                     self.idle_scope = idle
                     data = await self._receive()
                 self.idle_scope = None
-                if idle.cancelled_caught or not data:
+                if idle.cancelled_caught or not data or self.reclaimed:
                     return None
                 head_deadline = trio.current_time() + config.head_timeout
             else:
+                slow = False  # the body's pace is the nearest deadline
                 if head_deadline is not None:
                     deadline = head_deadline
                 else:
                     deadline = trio.current_time() + config.read_timeout
-                    if body_deadline is not None and body_deadline < deadline:
-                        deadline = body_deadline
+                    if body_deadline is not None:
+                        deadline = min(deadline, body_deadline)
+                        pace = self._pace_deadline(body_start)
+                        if pace < deadline:
+                            deadline, slow = pace, True
                 with trio.move_on_at(deadline) as waited:
+                    self.head_scope = waited
                     data = await self._receive()
+                self.head_scope = None
+                if self.reclaimed:
+                    return None
                 if waited.cancelled_caught:
-                    await self._refuse(408, "timed out reading the request")
+                    if slow:
+                        rate, grace = config.body_min_rate, config.body_rate_grace
+                        msg = f"request body too slow (under {rate} bytes/s after {grace:g} s)"
+                        await self._refuse(408, msg)
+                    else:
+                        await self._refuse(408, "timed out reading the request")
                     return None
                 if not data:
                     return None  # the client closed mid-request
@@ -279,6 +330,15 @@ class Connection:
             except BadRequest as exc:
                 await self._refuse(exc.status, exc.message)
                 return None
+
+    def _pace_deadline(self, body_start: float) -> float:
+        """When the body falls behind its minimum rate (mod_reqtimeout's MinRate): the
+        grace after its head, and one second more per ``body_min_rate`` bytes in."""
+        config = self.server.config
+        current = self.parser.current
+        if config.body_min_rate <= 0 or current is None:
+            return math.inf
+        return body_start + config.body_rate_grace + current.body_size / config.body_min_rate
 
     async def wait_for_eof(self) -> bool:
         """Read ahead while a response is written; True once the client closed (or

@@ -32,7 +32,11 @@ class HttpServer:
     def __init__(self, handler: Handler, config: ServerConfig) -> None:
         self.handler = handler
         self.config = config
-        self.connections: set[Connection] = set()
+        self.connections: set[Connection] = set()  # counted against the caps
+        # Connections holding no request being served, the longest resting first.
+        self.resting: dict[Connection, None] = {}
+        self.per_client: dict[str, int] = {}  # open connections per counted address
+        self.reclaims = 0  # connections closed to make room, since the start
         self.urls: list[str] = []  # where it listens, once bound
         self.in_flight = 0
         self.draining = False  # no new connections; each closes after its request
@@ -70,34 +74,97 @@ class HttpServer:
         if self.draining:
             await trio.aclose_forcefully(stream)
             return
-        open_now = len(self.connections)
-        cap = self.config.max_connections
+        config = self.config
+        client = self._client_of(stream)
+        if (
+            client
+            and self.per_client.get(client, 0) >= config.max_per_client
+            and not self._reclaim(client)
+        ):
+            await _turn_away(stream, FULL_FOR_CLIENT)
+            return
         reserve = False
-        if open_now >= cap and not self._close_an_idle_one():
-            if open_now >= cap + self.config.health_reserve:
-                await _turn_away(stream)
+        if len(self.connections) >= config.max_connections and not self._reclaim(None):
+            if len(self.connections) >= config.max_connections + config.health_reserve:
+                await _turn_away(stream, FULL)
                 return
-            # Past the cap with none idle, a few more may still ask GET /health (a probe
-            # must see that the router is alive and merely full); others get the 503.
+            # Past the cap with every connection serving, a few more may still ask
+            # GET /health (a probe must see that the router is alive and merely full);
+            # others get the 503.
             reserve = True
-        conn = Connection(self, stream, reserve=reserve)
+        conn = Connection(self, stream, reserve=reserve, client=client)
         self.connections.add(conn)
+        if client:
+            self.per_client[client] = self.per_client.get(client, 0) + 1
         try:
             await conn.run()
         finally:
-            self.connections.discard(conn)
-            if not self.connections and self.draining:
-                self._no_connections.set()
+            self.forget(conn)
 
-    def _close_an_idle_one(self) -> bool:
-        """At the cap, a new connection takes the place of one that sits idle (between
-        requests, or silent since it opened), as nginx reuses keep-alive connections:
-        an idle flood cannot lock clients out, and memory stays bounded."""
-        for conn in self.connections:
-            if conn.idle_scope is not None and not conn.idle_scope.cancel_called:
-                conn.cancel_idle()
-                return True
-        return False
+    def _client_of(self, stream: trio.abc.Stream) -> str:
+        """The address counted against ``max_per_client``, or "" when not counted (no
+        cap, a UNIX socket, loopback unless ``per_client_loopback``)."""
+        config = self.config
+        if config.max_per_client <= 0:
+            return ""
+        if isinstance(stream, trio.SSLStream):
+            stream = stream.transport_stream
+        if not isinstance(stream, trio.SocketStream):
+            return ""
+        try:
+            name = stream.socket.getpeername()
+        except OSError:
+            return ""
+        if not isinstance(name, tuple):
+            return ""
+        host = str(name[0])
+        if not config.per_client_loopback and (
+            host.startswith(("127.", "::ffff:127.")) or host == "::1"
+        ):
+            return ""
+        return host
+
+    def rest(self, conn: Connection) -> None:
+        """``conn`` holds no request being served (idle, or its head incomplete): it
+        may make room for a new connection, the longest resting first."""
+        self.resting[conn] = None
+        conn.resting = True
+
+    def busy(self, conn: Connection) -> None:
+        """``conn``'s request head is complete: it serves, and is never reclaimed."""
+        del self.resting[conn]
+        conn.resting = False
+
+    def _reclaim(self, client: str | None) -> bool:
+        """At a cap, a new connection takes the place of the one resting longest (of
+        ``client``'s own, at its cap), as nginx reuses idle keep-alive connections: a
+        flood of idle or half-sent connections cannot lock clients out, and memory
+        stays bounded. The scan is only at a cap; False when none rests."""
+        for conn in self.resting:
+            if client is None or conn.client == client:
+                break
+        else:
+            return False
+        self.forget(conn)  # counted no more, at once: it closes on its own
+        conn.reclaim()
+        self.reclaims += 1
+        return True
+
+    def forget(self, conn: Connection) -> None:
+        """``conn`` no longer counts against the caps (it ended, or was reclaimed)."""
+        if conn not in self.connections:
+            return
+        self.connections.discard(conn)
+        if conn.resting:
+            self.busy(conn)
+        if conn.client:
+            left = self.per_client[conn.client] - 1
+            if left:
+                self.per_client[conn.client] = left
+            else:
+                del self.per_client[conn.client]
+        if not self.connections and self.draining:
+            self._no_connections.set()
 
     def request_started(self) -> None:
         self.in_flight += 1
@@ -150,14 +217,15 @@ class HttpServer:
 
 
 FULL = error_bytes(503, "too many open connections")
+FULL_FOR_CLIENT = error_bytes(503, "too many open connections from this address")
 
 
-async def _turn_away(stream: trio.abc.Stream) -> None:
+async def _turn_away(stream: trio.abc.Stream, answer: bytes) -> None:
     """A connection past the cap and its reserve: 503 and the close, bounded, reading
     only what is already there (closing on unread bytes would reset the answer away)."""
     with trio.move_on_after(1.0):
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            await stream.send_all(FULL)
+            await stream.send_all(answer)
             if isinstance(stream, trio.SocketStream):
                 await stream.send_eof()
                 with trio.move_on_after(0.2):
