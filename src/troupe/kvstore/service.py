@@ -290,11 +290,16 @@ class KvService:
         kind = route(path)
         request: Any = None
         steer = kind is not None and model in self._idents and len(body) <= STEER_MAX_BODY
-        if steer or self.private:
+        if not steer and self.private:
+            # Not steered (any route): the engine picks the slot, which may hold anyone's
+            # tokens. The body is not parsed for it (it may be large).
+            yield Hold(None, without_cache(body), fresh=True)
+            return
+        if steer:
             with contextlib.suppress(ValueError, RecursionError):
                 request = json.loads(body)
         if not isinstance(request, dict):
-            yield Hold(None, body)
+            yield Hold(None, without_cache(body) if self.private else body, fresh=self.private)
             return
         async with self.held(model, gen, port, path, request, conv, tenant=tenant) as hold:
             fields = hold.fields()
@@ -482,6 +487,31 @@ def with_fields(body: bytes, request: dict[str, Any], fields: dict[str, Any]) ->
     sep = b"" if not request else b","
     head = json.dumps(fields, separators=(",", ":"))[:-1].encode()
     return b"%s%s%s%s" % (body[:start], head, sep, body[start + 1 :])
+
+
+_SPACE = b" \t\r\n"
+
+
+def without_cache(body: bytes) -> bytes:
+    """``body`` with ``"cache_prompt": false`` spliced in before its closing brace, not
+    parsed: of a key given twice the engine's parser (nlohmann's, as Python's) keeps the
+    last value, so a client's own ``cache_prompt``, however it is spelled, gives way.
+    Anything but a UTF-8 JSON object goes as it came (the engine refuses it, or reads
+    no ``cache_prompt`` from it)."""
+    start, end = 0, len(body)
+    while start < end and body[start] in _SPACE:
+        start += 1
+    while end > start and body[end - 1] in _SPACE:
+        end -= 1
+    if end - start < 2 or body[start] != ord("{") or body[end - 1] != ord("}"):
+        return body
+    if json.detect_encoding(body) != "utf-8":
+        return body
+    inner = end - 1
+    while inner > start + 1 and body[inner - 1] in _SPACE:
+        inner -= 1
+    sep = b"" if inner == start + 1 else b","
+    return b'%s%s"cache_prompt":false%s' % (body[:inner], sep, body[inner:])
 
 
 def cached_held(answer: bytes) -> int | None:

@@ -15,9 +15,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from troupe.kvstore import KvEntry, KvService, KvStore
+from troupe.kvstore.service import without_cache
 from troupe.kvstore.slotfile import SLOT_MAGIC
 from troupe.kvstore.slots import SlotMap
 from troupe.kvstore.store import describe, write_sidecar
@@ -264,3 +266,32 @@ async def test_a_restore_the_engine_used_keeps_restores_on(tmp_path: Path) -> No
     ):
         hold.cached = 399
     assert kv.restore_off("m") is None
+
+
+@pytest.mark.parametrize(
+    ("body", "sent"),
+    [
+        (b"{}", b'{"cache_prompt":false}'),
+        (b' {"input": "x"} \n', b' {"input": "x","cache_prompt":false} \n'),
+        # Its own, however spelled, comes first: the last value of a key is the one read.
+        (b'{"cache\\u005fprompt": true}', b'{"cache\\u005fprompt": true,"cache_prompt":false}'),
+        (b"[1, 2]", b"[1, 2]"),  # not an object: as it came
+        (b"", b""),
+    ],
+)
+def test_cache_prompt_false_goes_last_in_the_client_s_own_bytes(body: bytes, sent: bytes) -> None:
+    assert without_cache(body) == sent
+
+
+async def test_with_several_tenants_a_request_not_steered_is_sent_without_the_cache(
+    tmp_path: Path,
+) -> None:
+    kv, _ = service(tmp_path, private=True)
+    body = b'{"model": "m", "input": "' + b"x" * (9 << 20) + b'"}'  # over the parse limit
+    async with engine([]) as (fake, port):
+        for path, sent in (("/v1/embeddings", b'{"model": "m"}'), ("/v1/completions", body)):
+            async with kv.steered("m", 1, port, path, sent, tenant="bob") as hold:
+                assert hold.slot is None
+                assert hold.body.endswith(b',"cache_prompt":false}')
+                assert hold.body.startswith(sent[:-1])
+        assert fake.asked == []  # nothing parsed, nothing asked of the child
