@@ -5,11 +5,15 @@ answered in order; while one is answered, a watcher reads ahead (bounded) so a
 client that goes away is noticed at once. Timeouts: a keep-alive connection may sit
 idle ``keep_alive_timeout``; a request's head must be complete ``head_timeout``
 after its first byte, empty lines before it included (slowloris gets 408); a body
-may pause ``read_timeout`` and must be complete ``body_timeout`` after its head.
-Anything that cannot be parsed gets an upstream-shaped JSON error and the close.
-The handler's ``admit`` decides at the head: a refused request with a body is
-answered and the connection closed before its body is read or ``100 Continue``
-goes out, so a client without a key costs nothing.
+may pause ``read_timeout``, must be complete ``body_timeout`` after its head, and
+must keep ``body_min_rate`` bytes a second once ``body_rate_grace`` is over (408).
+While it holds no request being served (idle, silent since it opened, its head still
+incomplete) a connection rests in the server's `resting`: at a cap, the server may
+reclaim it for a new connection, and it ends at once, unanswered. Anything that
+cannot be parsed gets an upstream-shaped JSON error and the close. The handler's
+``admit`` decides at the head: a refused request with a body is answered and the
+connection closed before its body is read or ``100 Continue`` goes out, so a client
+without a key costs nothing.
 """
 
 from __future__ import annotations
@@ -146,7 +150,8 @@ class Connection:
         # reclaimed (closed to make room for a new connection: it ends, unanswered).
         self.resting = False
         self.reclaimed = False
-        self.head_scope: trio.CancelScope | None = None  # set while a head (or TLS) arrives
+        # Set while a head (a TLS handshake, a body) arrives: a reclaim cancels it.
+        self.head_scope: trio.CancelScope | None = None
         self.raw: socket.socket | None = None  # the plain socket under a SocketStream
         if isinstance(stream, trio.SocketStream):
             stream, self.raw = _with_raw_socket(stream)
