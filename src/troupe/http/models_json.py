@@ -109,7 +109,7 @@ def _memory(ctx: Router, view: ModelView | None) -> dict[str, Any] | None:
 def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict[str, Any]:
     view = ctx.scheduler.snapshot.models.get(entry.name)
     status: dict[str, Any] = {
-        "value": str(view.status) if view else "unloaded",
+        "value": str(view.api_status) if view else "unloaded",
         "args": ctx.status_args(entry),
         "preset": ctx.catalog.status_preset(entry),
     }

@@ -279,6 +279,10 @@ class Settler:
         if d.victim is None:
             # Parked by a reload: now take upstream's path from the start.
             if m is not None and not m.is_running and not self.has_capacity():
+                if any(o.restarting and not o.in_flight for o in table):
+                    # A model started again on a narrower lane is chosen from once it is
+                    # back: it keeps its place in the LRU order (it may be the victim).
+                    return
                 victim = pick_victim(table.models, self._queue)
                 if victim is not None:
                     chosen = table.models[victim]

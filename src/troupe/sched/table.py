@@ -116,6 +116,14 @@ class ModelState:
         return self.phase.is_spawning
 
     @property
+    def restarting(self) -> bool:
+        """Its child is being started again on a narrower CPU lane (a re-plan): resident
+        all along as far as llama.cpp's API is concerned, and no use of the model."""
+        if self.phase is Phase.REPLANNING:
+            return True
+        return self.replanned and self.phase in (Phase.STARTING, Phase.LOADING)
+
+    @property
     def draining_for(self) -> str | None:
         """The model it makes room for, while it drains (or stops after draining)."""
         return self.drain_for
@@ -240,6 +248,14 @@ class ModelView:
     cpu: CpuPlan | None = None  # where troupe placed its child (cores, threads)
     cpu_request: CpuRequest | None = None  # or what its own flags say
     idle_since: float = 0.0  # when its last request finished (Trio time; TTL counts from here)
+    restarting: bool = False  # started again on a narrower CPU lane (ModelState.restarting)
+
+    @property
+    def api_status(self) -> Status:
+        """llama.cpp's status as its API shows it: a model whose child is started again
+        on a narrower CPU lane stays ``loaded`` (upstream has no such restart; a request
+        for it meanwhile waits for the new child, as for a busy one)."""
+        return Status.LOADED if self.restarting else self.status
 
     @property
     def last_eviction(self) -> str | None:

@@ -108,6 +108,7 @@ def model_views(
             pin=m.pin,
             ttl=m.ttl,
             idle_since=m.idle_since,
+            restarting=m.restarting,
             phase=m.phase,
             wait_reason=reasons.get(name),
             draining_for=m.draining_for,

@@ -221,6 +221,7 @@ class World:
         for name in self.names:
             if name not in self.children:
                 self.crashes[name].clear()  # a reload clears "failed" and crash counts
+                self.replanning.discard(name)  # and calls off a start on a narrower lane
         self.reloading = False
         self.restart = set()
 
@@ -493,6 +494,8 @@ class World:
                 return True
             if self.core.cpu is not None and m.status is Status.LOADING and m.in_flight:
                 return True  # a wider child still loading, a request on it: narrowed after
+            if m.restarting:
+                return True  # started again narrower: a load's victim is chosen once it is up
         return False
 
     def check_lanes(self) -> None:
