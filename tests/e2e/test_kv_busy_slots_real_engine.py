@@ -181,9 +181,9 @@ async def test_a_short_conversation_s_slot_is_taken_without_a_save_on_every_rout
         saved: list[int] = []
         save = kv._save_one
 
-        async def counted(model: str, ident: str, port: int, slot: int) -> None:
+        async def counted(model: str, ident: str, port: int, slot: int, tenant: str = "") -> None:
             saved.append(slot)
-            await save(model, ident, port, slot)
+            await save(model, ident, port, slot, tenant)
 
         monkeypatch.setattr(kv, "_save_one", counted)
         await chat(r, "a", [{"role": "user", "content": "Hello there."}])
