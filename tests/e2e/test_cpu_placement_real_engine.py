@@ -136,3 +136,40 @@ async def test_placement_off_leaves_the_engine_its_defaults(
         argv = argv_of(child_pid(router, "tiny-a"))
         for name in ("--threads", "--threads-batch", "--cpu-range", "--cpu-strict", "--poll"):
             assert name not in argv
+
+
+async def load_until_loaded(router: RunningRouter, model: str) -> None:
+    async with router.client() as http:
+        resp = await http.post("/models/load", json={"model": model})
+        assert resp.status_code == 200, resp.text
+    with trio.fail_after(60):
+        await router.ctx.scheduler.wait_until(lambda s: s.models[model].status is Status.LOADED)
+
+
+async def api_statuses(router: RunningRouter) -> dict[str, str]:
+    async with router.client() as http:
+        resp = await http.get("/models")
+    assert resp.status_code == 200, resp.text
+    return {m["id"]: m["status"]["value"] for m in resp.json()["data"]}
+
+
+@pytest.mark.skipif(len(ALLOWED) < 2, reason="one CPU: every lane is shared")
+async def test_a_restart_on_a_narrower_lane_is_no_use_of_the_model(
+    engine_path: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # llama.cpp's test_router_models_max_evicts_lru, with the CPU placement on (default):
+    # --models-max 2, load a, then b (a is started again on a narrower lane), then c.
+    async with open_router(
+        args(tiny_model_dir), engine=engine_path, state_dir=tmp_path / "s", cwd=tmp_path
+    ) as router:
+        await load_until_loaded(router, "tiny-a")
+        first = child_pid(router, "tiny-a")
+        await load_until_loaded(router, "tiny-b")
+        # Resident all along, as upstream shows it, its restart or not.
+        assert (await api_statuses(router))["tiny-a"] == "loaded"
+        await load_until_loaded(router, "tiny-c")
+        assert router.snapshot.models["tiny-a"].last_eviction == "lru for tiny-c"
+        statuses = await api_statuses(router)
+        assert (statuses["tiny-a"], statuses["tiny-b"]) == ("unloaded", "loaded")
+        assert router.snapshot.models["tiny-b"].status is Status.LOADED
+        assert first not in (0, router.snapshot.models["tiny-a"].pid)  # it was restarted
