@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from schedcore_kit import Bench, grant_of, reply_to, spawns, stops
 
-from troupe.sched import ModelConfig, Phase, Spawn, StopCause, StopReason
+from troupe.sched import ModelConfig, Phase, Spawn, Status, StopCause, StopReason
 from troupe.sched.cpu import CpuCore, CpuLedger, CpuRequest, CpuTopology, lane_widths
 from troupe.sched.placement import WIDEN_AFTER
 
@@ -202,3 +202,22 @@ def test_a_replan_restart_keeps_the_model_s_demand_and_place_with_fair_admission
     assert (a.demand, a.demand_at, a.last_used) == before
     out = b.acquire(b.rid(), "c")
     assert [(s.model, s.cause) for s in stops(out)] == [("a", StopCause(StopReason.LRU, "c"))]
+
+
+def test_a_model_started_again_narrower_shows_loaded_and_a_load_judges_it_once_back() -> None:
+    b = bench(["a", "b", "c"])
+    b.bring_up("a")
+    out = b.load(b.rid(), "b")
+    (stop,) = stops(out)
+    b.spawned("b")
+    b.ready("b")
+    assert b.view("a").api_status is Status.LOADED  # its old child stops
+    b.finish_stop(stop)
+    assert b.view("a").api_status is Status.LOADED  # started again: llama.cpp's API
+    assert b.view("a").status is Status.LOADING  # shows no restart; troupe's view does
+    b.spawned("a")
+    wc = b.rid()
+    assert stops(b.load(wc, "c")) == []  # a's place in the LRU order is judged once it is up
+    (evict,) = stops(b.ready("a"))
+    assert (evict.model, evict.cause) == ("a", StopCause(StopReason.LRU, "c"))
+    assert reply_to(b.finish_stop(evict), wc) is None
