@@ -83,7 +83,8 @@ class ChildLauncher:
         self.observed = observed
         self.logs = logs
         self.gpus = gpus
-        self.kv = kv  # the KV store (None: --kv-store off)
+        # The KV store (None: --kv-store off with one tenant; with several, no files)
+        self.kv = kv
         self._facts_lock = threading.Lock()  # scans run in worker threads
         self._owner: _CatalogueOwner | None = None
         # status.args shows the last rendered command line (port 0 before a first load).
@@ -196,8 +197,8 @@ class ChildLauncher:
                 args += cpu_flags(cpu, lambda flag: entry.preset.get_spelling(flag) is not None)
             if kv is not None:
                 args = kv.launch_args(model, args, self._uses_swa(entry))
-            elif self.kv is not None:  # its preset says kv-store = off
-                self.kv.leave_out(model)
+            elif self.kv is not None:  # no files (kv-store off): several tenants, steered
+                args = self.kv.launch_args(model, args, self._uses_swa(entry), files=False)
             self._last_args[model] = args
             return args
 
@@ -238,8 +239,10 @@ class ChildLauncher:
         return KvService.measure_args(args, self._uses_swa(entry)) if self._kv(entry) else args
 
     def _kv(self, entry: ModelEntry) -> KvService | None:
-        """The KV store, unless ``--kv-store off`` or the model's preset has ``kv-store = off``."""
-        return self.kv if entry.kv_store else None
+        """The KV store with its files, unless ``--kv-store off`` or the model's preset has
+        ``kv-store = off``."""
+        kv = self.kv
+        return kv if entry.kv_store and kv is not None and kv.store is not None else None
 
     def _uses_swa(self, entry: ModelEntry) -> bool:
         """Sliding-window attention: a restored slot is reused only with --swa-full."""

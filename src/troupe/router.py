@@ -232,13 +232,16 @@ def _state_dir(settings: RouterSettings) -> Path:
 def _kv_service(
     settings: RouterSettings, state_dir: Path, catalog: Catalog, metrics: RouterMetrics
 ) -> KvService | None:
-    """The KV store under ``state_dir``/kv: entries of a model no longer listed go."""
-    if settings.kv_store == "off":
-        return None
-    store = KvStore(state_dir / "kv", settings.kv_store_bytes)
-    store.open()
+    """The KV store under ``state_dir``/kv: entries of a model no longer listed go.
+    ``--kv-store off``: none, or with several keys one without files, that keeps each
+    tenant's requests off the slots holding another's tokens (the engine alone reuses a
+    slot's cached prompt for whoever sends a prompt like it)."""
     # Several keys: several tenants, whose conversations never meet (`troupe.http.keys`).
     private = len(settings.api_keys) > 1
+    if settings.kv_store == "off":
+        return KvService(None, KvMetrics(), private=True) if private else None
+    store = KvStore(state_dir / "kv", settings.kv_store_bytes)
+    store.open()
     kv = KvService(store, KvMetrics(metrics.registry), private=private)
     kv.forget_models(e.name for e in catalog)
     return kv

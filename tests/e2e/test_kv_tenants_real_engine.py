@@ -148,3 +148,34 @@ async def test_a_restore_the_engine_ignores_switches_restores_off_for_the_model(
         assert await metric(r, "troupe_kv_saves_total", model="a", result="saved") == 2
         assert await restored(r) == 1
     assert "KV: restores switched off for this model" in caplog.text
+
+
+async def test_with_the_store_off_a_tenant_still_never_reuses_another_s_prefix(
+    gemma: Path, tmp_path: Path, engine_path: Path
+) -> None:
+    # --kv-store off: no files, but the engine's own slot reuse would still hand Bob
+    # Alice's cached prefix (and tell him in cached_tokens how far his guess matched).
+    keys = tmp_path / "keys"
+    keys.write_text("alice:k-alice\nbob:k-bob\n")
+    args = ["--models-preset", str(preset(tmp_path, gemma)), "--named-api-keys", str(keys)]
+    state = tmp_path / "state"
+    async with open_router([*args, "--kv-store", "off"], engine=engine_path, state_dir=state) as r:
+        first = await ask(r, ALICE, SECRET)
+        assert first["timings"]["prompt_n"] > 300
+        # Alice's own next turn reuses her prefix from the slot.
+        turn = await ask(r, ALICE, SECRET + text_of(first) + " And then")
+        assert cached(turn) > 300
+        # Bob guesses her prompt: the one slot holds it, and nothing of it is reused.
+        probe = await ask(r, BOB, SECRET + text_of(first) + " And then, later")
+        assert cached(probe) == 0
+        assert probe["timings"]["prompt_n"] > 300
+        # Nor when he names her slot himself, once she is back on it.
+        assert cached(await ask(r, ALICE, SECRET + " Once more")) == 0  # Bob's tokens there
+        assert cached(await ask(r, ALICE, SECRET + " Once more, again")) > 300
+        pinned = await ask(r, BOB, SECRET + " Once more, again", id_slot=0)
+        assert cached(pinned) == 0
+        # No files: the store is off.
+        assert not (state / "kv").exists()
+        async with r.client() as http:
+            data = (await http.get("/models", headers=ALICE)).json()["data"]
+        assert "kv" not in {m["id"]: m for m in data}["a"]["troupe"]

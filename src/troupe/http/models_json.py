@@ -145,7 +145,7 @@ def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict
         extras["gguf"]["file_bytes"] = file_bytes(entry.model_path, facts)
     extras["memory"] = _memory(ctx, view)
     extras["rejected"] = rejected
-    if ctx.kv is not None:
+    if ctx.kv is not None and ctx.kv.store is not None:  # (no files: no store to show)
         entries, size = ctx.kv.usage(entry.name)
         extras["kv"] = {"entries": entries, "bytes": size, "restore": "on"}
         off = ctx.kv.restore_off(entry.name)

@@ -24,6 +24,13 @@ tenant's tokens is sent with ``"cache_prompt": false`` (`Hold.fresh`), so neithe
 then run without the engine's RAM prompt cache (``--cache-ram 0``), which would hand one
 tenant's cached prompt to another's request on any slot.
 
+Without files (``store`` None: ``--kv-store off``; or a model whose preset has
+``kv-store = off``) and several tenants, the slots are still steered the same way, only
+nothing is saved or restored: the engine alone would give a request the slot whose cached
+prompt it shares most with, whoever's it was, and its ``cached_tokens`` would say how far
+another tenant's prompt matched. With one tenant and no files the store stays out of
+the child and its requests altogether.
+
 A restore checks itself: the first answer on a restored slot must show the restored
 tokens reused (its ``timings.cache_n``). When the engine ignored it (hybrid and recurrent
 models, a loaded ``--mmproj``, SWA without ``--swa-full``), the store stops saving and
@@ -98,14 +105,14 @@ class _MapOnce:
 class KvService:
     def __init__(
         self,
-        store: KvStore,
+        store: KvStore | None,
         metrics: KvMetrics | None = None,
         *,
         min_tokens: int = MIN_TOKENS,
         save_seconds: float = SAVE_SECONDS,
         private: bool = False,
     ) -> None:
-        self.store = store
+        self.store = store  # None: no files (--kv-store off), only the slots steered
         self.metrics = metrics or KvMetrics()
         self.min_tokens = min_tokens
         self.save_seconds = save_seconds
@@ -113,6 +120,7 @@ class KvService:
         # model -> (its KV identity, why): the engine ignored a restore into its child
         self._restore_off: dict[str, tuple[str, str]] = {}
         self._idents: dict[str, str] = {}  # model -> its running child's KV identity
+        self._live: set[str] = set()  # models whose children's slots are steered
         self._maps: dict[str, tuple[int, _MapOnce]] = {}  # model -> its child's (gen, map)
         self._keeps: dict[str, bool] = {}  # model -> its child keeps idle slots' cells
 
@@ -126,24 +134,43 @@ class KvService:
             return [*args, "--swa-full"]
         return args
 
-    def launch_args(self, model: str, args: list[str], swa: bool) -> list[str]:
-        if any(a.split("=", 1)[0] == "--slot-save-path" for a in args):
+    def launch_args(
+        self, model: str, args: list[str], swa: bool, *, files: bool = True
+    ) -> list[str]:
+        """``args`` for ``model``'s child. ``files``: its slots saved to the store and
+        restored (not without a store); else, with several tenants, only steered (else
+        left as they are)."""
+        names = {a.split("=", 1)[0] for a in args}
+        if "--slot-save-path" in names:
             # The user's own slot files: theirs to manage, the store keeps out of them.
             self.leave_out(model)
             return args
+        store = self.store if files else None
+        if store is None:
+            self.leave_out(model)
+            if not self.private:
+                return args  # one tenant: the child runs as it would without troupe's store
+            self._live.add(model)
+            return [*args, *self._slot_args(model, names)]
         full = self.measure_args(args, swa)
         ident = kv_identity(full)
         if self._idents.get(model) != ident:
-            dropped = self.store.drop_model(model, keep_ident=ident)
+            dropped = store.drop_model(model, keep_ident=ident)
             if dropped:
                 about(log, model).info("dropped %d KV entries of its old arguments", dropped)
             self._update_gauges(model)
         self._idents[model] = ident
+        self._live.add(model)
+        slot_args = self._slot_args(model, names)
+        return [*full, *slot_args, "--slot-save-path", str(store.slot_dir(ident))]
+
+    def _slot_args(self, model: str, names: set[str]) -> list[str]:
+        """What keeps an idle slot's cells for the next request of its conversation, and
+        (several tenants) the engine's RAM prompt cache off."""
         # The engine's default moves every idle slot into its RAM cache (and clears it,
         # with a unified KV cache) whenever a task starts: no slot would keep its
         # conversation for the store to save or steer to. A preset that asks for it
         # keeps it, and the store then only restores into slots that never served.
-        names = {a.split("=", 1)[0] for a in args}
         self._keeps[model] = "--cache-idle-slots" not in names
         keep = (
             []
@@ -159,16 +186,19 @@ class KvService:
             about(log, model).warning(
                 "its --cache-ram shares cached prompts between API keys (tenants)"
             )
-        return [*full, *keep, "--slot-save-path", str(self.store.slot_dir(ident))]
+        return keep
 
     def leave_out(self, model: str) -> None:
-        """``model``'s child runs without the store (its preset has ``kv-store = off``);
-        its entries stay for when it is back on."""
+        """``model``'s child runs without the store (its preset has ``kv-store = off``,
+        or its own ``--slot-save-path``); its entries stay for when it is back on."""
         self._idents.pop(model, None)
+        self._live.discard(model)
         self._maps.pop(model, None)
 
     def forget_models(self, known: Iterable[str]) -> None:
         """Models no longer in the catalogue lose their entries."""
+        if self.store is None:
+            return
         known = set(known)
         models = {e.model for e in self.store.entries()}
         self.store.drop_unknown(known)
@@ -186,7 +216,7 @@ class KvService:
         return model in self._idents and "/slots/" in path
 
     def usage(self, model: str) -> tuple[int, int]:
-        return self.store.usage(model)
+        return (0, 0) if self.store is None else self.store.usage(model)
 
     # ----- before a stop -----------------------------------------------------------------------
 
@@ -226,8 +256,11 @@ class KvService:
         self, model: str, ident: str, port: int, slot: int, tenant: str = ""
     ) -> None:
         mlog = about(log, model)
-        name = self.store.new_name()
-        path = self.store.slot_dir(ident) / f"{name}.bin"
+        store = self.store
+        if store is None:  # (only a child with the store's files has an identity)
+            return
+        name = store.new_name()
+        path = store.slot_dir(ident) / f"{name}.bin"
         started = trio.current_time()
         entry: KvEntry | None = None
         try:
@@ -241,8 +274,8 @@ class KvService:
                 path.unlink(missing_ok=True)
                 return
             entry = KvEntry(ident, name, model, tokens, digest, size, 0.0, tenant)
-            self.store.touch(entry)
-            await trio.to_thread.run_sync(write_sidecar, entry, self.store.root)
+            store.touch(entry)
+            await trio.to_thread.run_sync(write_sidecar, entry, store.root)
         except BaseException as exc:
             # Nothing half-saved stays: no sidecar, no entry (a full disk lands here too).
             path.unlink(missing_ok=True)
@@ -255,7 +288,7 @@ class KvService:
                 self.metrics.saves.labels(model, "abandoned").inc()
             raise
         seconds = trio.current_time() - started
-        gone = self.store.add(entry)
+        gone = store.add(entry)
         self.metrics.saves.labels(model, "saved").inc()
         self.metrics.bytes.labels(model, "saved").inc(entry.size)
         self.metrics.save_seconds.labels(model).observe(seconds)
@@ -289,7 +322,7 @@ class KvService:
         with ``"cache_prompt": false``, whatever the route)."""
         kind = route(path)
         request: Any = None
-        steer = kind is not None and model in self._idents and len(body) <= STEER_MAX_BODY
+        steer = kind is not None and model in self._live and len(body) <= STEER_MAX_BODY
         if not steer and self.private:
             # Not steered (any route): the engine picks the slot, which may hold anyone's
             # tokens. The body is not parsed for it (it may be large).
@@ -328,11 +361,11 @@ class KvService:
         if not self.private:
             tenant = ""
         kind = route(path)
-        ident = self._idents.get(model)
+        ident = self._idents.get(model)  # None: no files, the slots only steered
         # Not steered, with several tenants: the engine picks a slot (or the client
         # did) that may hold anyone's tokens, and reuses them unless told not to.
         fresh = self.private
-        if ident is None or kind is None or _several_tasks(request):
+        if model not in self._live or kind is None or _several_tasks(request):
             yield Hold(None, fresh=fresh)  # (several tasks: the engine spreads them itself)
             return
         slots = await self._slot_map(model, gen, port)
@@ -368,7 +401,7 @@ class KvService:
             hold.fresh = claim.foreign and not restored
             yield hold
             answered = True
-            if restored and request.get("cache_prompt", True) is not False:
+            if restored and ident and request.get("cache_prompt", True) is not False:
                 self._check_restore(model, ident, restored, hold.cached)
         finally:
             # Not answered (the client left, the child failed): what the slot holds is
@@ -378,7 +411,7 @@ class KvService:
     async def _prepare(
         self,
         model: str,
-        ident: str,
+        ident: str | None,
         port: int,
         kind: str,
         request: dict[str, Any],
@@ -388,11 +421,14 @@ class KvService:
     ) -> int:
         """The claimed slot's old conversation saved, the best entry restored; returns
         how many of the prompt's tokens the restored entry shares (0: none restored)."""
+        store = self.store
+        if ident is None or store is None:
+            return 0  # no files: the slot keeps what it holds, the engine reuses it or not
         if self.restore_off(model) is not None:
             return 0  # the engine ignores what is restored: nothing worth saving either
         if claim.evict and (claim.owner or not self.private):
             await self._save_one(model, ident, port, claim.slot, claim.owner or "")
-        if claim.own or not self.store.entries(ident):
+        if claim.own or not store.entries(ident):
             return 0
         try:
             tokens = await prompt_tokens(port, kind, request)
@@ -402,7 +438,7 @@ class KvService:
         if tokens is None:
             return 0
         return await restore_best(
-            self.store, self.metrics, model, ident, port, claim.slot, tokens, tenant
+            store, self.metrics, model, ident, port, claim.slot, tokens, tenant
         )
 
     # ----- whether restores work ---------------------------------------------------------------
@@ -458,7 +494,7 @@ class KvService:
         return once.map
 
     def _update_gauges(self, model: str) -> None:
-        entries, size = self.store.usage(model)
+        entries, size = self.usage(model)
         self.metrics.stored_entries.labels(model).set(entries)
         self.metrics.stored_bytes.labels(model).set(size)
 

@@ -295,3 +295,56 @@ async def test_with_several_tenants_a_request_not_steered_is_sent_without_the_ca
                 assert hold.body.endswith(b',"cache_prompt":false}')
                 assert hold.body.startswith(sent[:-1])
         assert fake.asked == []  # nothing parsed, nothing asked of the child
+
+
+async def test_without_files_several_tenants_are_still_kept_apart_on_the_slots() -> None:
+    # --kv-store off with several keys: the slots are steered, nothing saved or restored.
+    kv = KvService(None, private=True)
+    base = ["llama-server", "--model", "m.gguf"]
+    assert kv.launch_args("m", base, swa=True) == [
+        *base, "--no-cache-idle-slots", "--cache-ram", "0",
+    ]  # fmt: skip
+    assert not kv.refuses("m", "/slots/0?action=save")  # the engine refuses, no slot path
+    assert kv.usage("m") == (0, 0)
+    prompt = "a shared beginning " * 40
+    body = json.dumps({"model": "m", "prompt": prompt}).encode()
+    sent: list[dict[str, Any]] = []
+    async with engine(TOKENS) as (fake, port):
+        for tenant in ("alice", "carol", "alice", "bob"):
+            async with kv.steered("m", 1, port, "/completion", body, tenant=tenant) as hold:
+                sent.append(json.loads(hold.body))
+                hold.tokens = 500
+        # Two empty slots, then Alice's own again: the engine reuses what it holds.
+        assert [s.get("cache_prompt") for s in sent[:3]] == [None, None, None]
+        assert sent[2]["id_slot"] == sent[0]["id_slot"] != sent[1]["id_slot"]
+        # Bob's prompt is hers, but every slot holds someone else's tokens.
+        assert sent[3]["cache_prompt"] is False
+        own = json.dumps({"model": "m", "prompt": prompt, "id_slot": sent[0]["id_slot"]})
+        async with kv.steered("m", 1, port, "/completion", own.encode(), tenant="bob") as hold:
+            assert json.loads(hold.body)["cache_prompt"] is False
+        async with kv.steered("m", 1, port, "/v1/embeddings", b'{"input": "x"}', tenant="x") as h:
+            assert h.body == b'{"input": "x","cache_prompt":false}'
+        assert fake.asked == ["GET /slots"]  # no save, no tokenize, no restore
+    kv.forget_models(["m"])
+
+
+async def test_without_files_one_tenant_s_child_and_requests_are_left_as_they_are() -> None:
+    kv = KvService(None)
+    base = ["llama-server", "--model", "m.gguf"]
+    assert kv.launch_args("m", base, swa=True) == base
+    body = b'{"model": "m", "prompt": "p"}'
+    async with kv.steered("m", 1, 1, "/completion", body) as hold:
+        assert (hold.slot, hold.body, hold.fresh) == (None, body, False)
+
+
+def test_a_model_whose_preset_turns_the_store_off_is_steered_without_files(
+    tmp_path: Path,
+) -> None:
+    base = ["llama-server", "--model", "m.gguf"]
+    kv, _ = service(tmp_path, private=True)  # its files on for "m" first
+    assert kv.refuses("m", "/slots/0?action=save")
+    args = kv.launch_args("m", base, swa=True, files=False)  # its preset: kv-store = off
+    assert args == [*base, "--no-cache-idle-slots", "--cache-ram", "0"]
+    assert not kv.refuses("m", "/slots/0?action=save")
+    single, _ = service(tmp_path / "one", private=False)
+    assert single.launch_args("m", base, swa=True, files=False) == base
