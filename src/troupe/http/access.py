@@ -16,6 +16,7 @@ import time
 import trio
 
 from troupe.api import strip_prefix
+from troupe.http.body_model import OFF_LOOP_BYTES
 from troupe.http.keys import tenant_of
 from troupe.http.routing import Handler
 from troupe.http.server.exchange import Exchange
@@ -147,8 +148,8 @@ def _finish_local(ctx: Router, ex: Exchange, started: float) -> None:
 def _model_named(ex: Exchange) -> str:
     """The model a local request is about (``?model=``, or a small JSON body's)."""
     name = ex.params.get("model", "")
-    if name or not ex.body.startswith(b"{"):
-        return name
+    if name or not ex.body.startswith(b"{") or len(ex.body) > OFF_LOOP_BYTES:
+        return name  # (a large body is not parsed again on the event loop for this)
     try:
         body = json.loads(ex.body)
     except ValueError:

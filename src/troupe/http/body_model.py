@@ -1,8 +1,12 @@
 """The ``model`` a POST body names (spec §3.5): a JSON field or a multipart form field.
 
-The whole body is parsed (upstream parses it too, and answers its parse errors), but
-safely: a body nested deeper than the parser's recursion limit is a 400, not a 500,
-and a large one is parsed in a worker thread so the event loop keeps serving.
+A small body (up to `OFF_LOOP_BYTES`) is parsed whole, as upstream does (its parse
+errors are answered here), safely: one nested deeper than the parser's recursion
+limit is a 400, not a 500. A larger one is never parsed: `troupe.http.json_scan`
+finds its top-level ``model`` without building the document, in a worker thread,
+giving the GIL back every window, so a 100 MB body of small numbers delays no other
+request (``json.loads`` of it holds the GIL for seconds, in a thread or not). The
+child parses the body itself and answers its errors.
 
 Multipart bodies (audio transcriptions) go to werkzeug's multipart decoder, kept for
 this alone: it is maintained, bounded and fuzzed by others, where a parser of our own
@@ -19,14 +23,12 @@ from typing import IO
 
 import trio
 
+from troupe.http.json_scan import BadBody, check_utf8, scan_model
+
 __all__ = ["MAX_PARTS", "OFF_LOOP_BYTES", "BadBody", "model_from_body", "model_from_body_sync"]
 
-OFF_LOOP_BYTES = 256 << 10  # larger bodies are parsed off the event loop (~1 ms and up)
+OFF_LOOP_BYTES = 256 << 10  # larger bodies are scanned off the event loop (~1 ms and up)
 MAX_PARTS = 1000  # werkzeug's own default for a request's form
-
-
-class BadBody(Exception):
-    """The body cannot be read: a 400 with this message."""
 
 
 async def model_from_body(body: bytes, content_type: str | None) -> str:
@@ -44,6 +46,9 @@ def model_from_body_sync(body: bytes, content_type: str | None) -> str:
     """The ``model`` field; "" when absent or not a string. Raises `BadBody`."""
     if content_type and _is_multipart(content_type):
         return _from_multipart(body, content_type)
+    if len(body) > OFF_LOOP_BYTES:
+        check_utf8(body)
+        return scan_model(body)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -15,6 +15,7 @@ from troupe.actors.scheduler import ModelUnavailable
 from troupe.api import dumps
 from troupe.catalog.hfcache import split_repo_tag
 from troupe.errors import ConfigError
+from troupe.http.body_model import OFF_LOOP_BYTES, BadBody, model_from_body
 from troupe.http.cluster_forward import cluster_models
 from troupe.http.models_json import models_list, settled_downloads
 from troupe.http.respond import local_body, send_error, send_failure, send_json, send_stream
@@ -46,6 +47,12 @@ async def _model_from_json(ex: Exchange) -> str | None:
     raw = await local_body(ex)
     if raw is None:
         return None
+    if len(raw) > OFF_LOOP_BYTES:  # scanned in a worker thread, never parsed whole
+        try:
+            return await model_from_body(raw, None)
+        except BadBody as exc:
+            await send_error(ex, str(exc), "invalid_request_error")
+            return None
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
