@@ -66,9 +66,9 @@ MIN_TOKENS = 256  # a slot holding fewer cached tokens is cheap to compute again
 SAVE_SECONDS = 10.0  # all of one stop's saves
 SLOTS_SECONDS = 2.0  # GET /slots (before a stop, or for a child's first request)
 RESTORE_SECONDS = 10.0  # one request's save, lookup and restore
-# A larger body is not steered: parsing it would hold the GIL from every client (8 MiB
-# of small numbers: ~0.1 s; 100 MiB: seconds). README, "Request bodies".
-STEER_MAX_BODY = 8 << 20
+# A larger body is not steered: parsing it holds the GIL from every client (small
+# numbers: ~28 ms a MiB, so 2 MiB ~57 ms; 100 MiB: seconds). README, "Request bodies".
+STEER_MAX_BODY = 2 << 20
 
 
 @attrs.define
