@@ -40,7 +40,7 @@ WRITE_EVERY = 0.05  # seconds: lines go out in batches, one write each, off the 
 
 # What nginx's access log escapes (``escape=default``): '"', '\\', bytes under 0x20 and
 # from 0x7f up, each as \xHH of its UTF-8 bytes. A request line cannot forge another.
-_UNSAFE = re.compile(r'[^\x20\x21\x23-\x5b\x5d-\x7e]')
+_UNSAFE = re.compile(r"[^\x20\x21\x23-\x5b\x5d-\x7e]")
 
 
 def _hex(match: re.Match[str]) -> str:
@@ -96,7 +96,7 @@ class AccessRecord:
         """The access log's text form: one line, ``key=value`` after the request line."""
         parts = [
             f'{escape(self.client)} "{escape(self.method)} {escape(self.path)}" {self.status} '
-            f'model={escape(self.model) if self.model else "-"}'
+            f"model={escape(self.model) if self.model else '-'}"
         ]
         # Unrolled (this runs once per line written): the waits, then the answer's times.
         if self.queue_wait is not None:
