@@ -15,7 +15,10 @@ right) show what the probe sees when the prefix is reused. And the alternative t
 ``"cache_prompt": false`` that troupe splices into B's request: erasing the slot first
 (``POST /slots/0?action=erase``), one more round trip per foreign slot, timed here.
 
-    .venv/bin/python bench/kv_tenants.py [--rounds 5] [--parallel 1]
+``--kv-store off``: troupe without the store's files (with several keys its slots are
+still kept apart by tenant); ``both``: the store on, then off.
+
+    .venv/bin/python bench/kv_tenants.py [--rounds 5] [--parallel 1] [--kv-store on|off|both]
 """
 
 from __future__ import annotations
@@ -149,11 +152,12 @@ def erase_or_not(engine: Path, gemma: Path, tmp: Path, n: int) -> None:
     print(f"engine alone, the erase call itself: median {statistics.median(erase_s) * 1000:.1f} ms")
 
 
-def serve(engine: Path, tmp: Path, keys: Path, parallel: int, name: str) -> Any:
+def serve(engine: Path, tmp: Path, keys: Path, parallel: int, name: str, store: str) -> Any:
     argv = [sys.executable, "-m", "troupe", "serve", "--engine", str(engine),
             "--host", "127.0.0.1", "--port", "0", "--models-dir", str(tmp / "models"),
-            "--state-dir", str(tmp / f"state-{name}"), "--log-level", "warning",
-            "--named-api-keys", str(keys), "-c", "2048", "--parallel", str(parallel)]  # fmt: skip
+            "--state-dir", str(tmp / f"state-{name}-{store}"), "--log-level", "warning",
+            "--named-api-keys", str(keys), "-c", "2048", "--parallel", str(parallel),
+            "--kv-store", store]  # fmt: skip
     return serving(name, argv, tmp, wait=120, grace=30)
 
 
@@ -177,6 +181,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--parallel", type=int, default=1, help="the child's slots")
+    ap.add_argument("--kv-store", choices=("on", "off", "both"), default="on")
     args = ap.parse_args()
     engine, _ = find_engine()
     with tempfile.TemporaryDirectory(prefix="bench-kv-tenants-") as d:
@@ -188,10 +193,13 @@ def main() -> int:
         one = tmp / "one-key"
         one.write_text("shared:k-shared\n")
         print(f"Gemma 3 270M, one child, --parallel {args.parallel}, {args.rounds} rounds")
-        with serve(engine, tmp, two, args.parallel, "tenants") as url:
-            report("two keys (tenants)", rounds(url, "k-alice", "k-bob", args.rounds, 1))
-        with serve(engine, tmp, one, args.parallel, "one-key") as url:
-            report("one key (control)", rounds(url, "k-shared", "k-shared", args.rounds, 1))
+        for store in ("on", "off") if args.kv_store == "both" else (args.kv_store,):
+            with serve(engine, tmp, two, args.parallel, "tenants", store) as url:
+                got = rounds(url, "k-alice", "k-bob", args.rounds, 1)
+                report(f"store {store}, two keys", got)
+            with serve(engine, tmp, one, args.parallel, "one-key", store) as url:
+                got = rounds(url, "k-shared", "k-shared", args.rounds, 1)
+                report(f"store {store}, one key", got)
         erase_or_not(engine, tmp / "models" / "gemma.gguf", tmp, args.rounds)
     return 0
 

@@ -112,7 +112,9 @@ troupe's own:
   --kv-store on|off         on: before troupe stops a child (swap, ttl, unload,
                             shutdown) its slots are saved under --state-dir, and
                             restored when their conversation returns; SWA models get
-                            --swa-full (default: on; off: as llama.cpp's router)
+                            --swa-full (default: on; off: as llama.cpp's router;
+                            with several API keys, off still keeps each key's
+                            requests off slots holding another key's tokens)
   --kv-store-mib N          disk the KV store may use; least recently used entries
                             go first (default: 4096)
   --cluster-nodes URLS|FILE every node behind one balancer, this one included:
