@@ -38,14 +38,12 @@ from troupe.sched import (
 from troupe.sched.cpu import CpuPlan
 from troupe.sched.effects import CancelMeasure, DeleteFiles, Measure, Reloaded
 from troupe.sched.events import MemoryWarning, SchedulerEvent
-from troupe.sched.reasons import StopReason
 
 __all__ = ["ChildTransport", "EffectExecutor", "Listener", "Spawner"]
 
 log = logging.getLogger("troupe.scheduler")
 
 Listener = Callable[[SchedulerEvent], None]
-_NOT_KEPT = frozenset({StopReason.REMOVE, StopReason.DROPPED, StopReason.RELOAD})
 
 
 class ChildTransport(Protocol):
@@ -158,8 +156,7 @@ class EffectExecutor:
         if inst is not None and inst.gen == effect.gen:
             about(log, effect.model).info("stopping (%s)", effect.cause)
             self.forget_child(effect.model, effect.gen)
-            # Slots are not worth keeping for a model whose files or preset are going away.
-            inst.stop(kill=effect.kill, keep=effect.cause.reason not in _NOT_KEPT)
+            inst.stop(kill=effect.kill, keep=effect.save_slots)  # the core decided
 
     def child_started(self, model: str, gen: int, connections: int) -> None:
         if self._transport is None:

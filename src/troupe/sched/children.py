@@ -145,7 +145,8 @@ class Children:
         # A model still loading has no request to finish: it is killed at once.
         kill = m.status is Status.LOADING or m.spawn_pending
         m.move(Phase.ABORTING if m.spawn_pending else Phase.STOPPING)
-        self._out.add(Stop(m.name, m.gen, kill=kill, cause=cause))
+        save = cause.reason.saves_slots and not kill
+        self._out.add(Stop(m.name, m.gen, kill=kill, cause=cause, save_slots=save))
 
     def free_cpus(self, m: ModelState) -> None:
         if self._cpu is not None:

@@ -40,13 +40,15 @@ class Stop:
     """Stop the child of ``model`` (generation ``gen``).
 
     ``kill``: SIGKILL at once (a model still loading); otherwise the ladder: exit command,
-    ``stop-timeout``, SIGTERM, SIGKILL.
+    ``stop-timeout``, SIGTERM, SIGKILL. ``save_slots``: its KV slots are saved first (the
+    KV store), decided from the cause (`StopReason.saves_slots`); never for a kill.
     """
 
     model: str
     gen: int
     kill: bool
     cause: StopCause
+    save_slots: bool
 
 
 @attrs.frozen

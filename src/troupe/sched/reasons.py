@@ -32,6 +32,12 @@ class StopReason(enum.StrEnum):
         return self in _EVICTIONS
 
     @property
+    def saves_slots(self) -> bool:
+        """Whether the child's KV slots are saved before it stops: not for a model whose
+        files or preset are going away (a removal, a reload that drops or changes it)."""
+        return self not in _NOT_KEPT
+
+    @property
     def is_swap(self) -> bool:
         """A stop that makes room for another model (counted in swaps per minute)."""
         return self in _SWAPS
@@ -40,6 +46,7 @@ class StopReason(enum.StrEnum):
 _SWAPS = frozenset({StopReason.LRU, StopReason.MEMORY, StopReason.DRAIN})
 _FOR = _SWAPS | {StopReason.REPLAN}  # reasons that name the model they are for
 _EVICTIONS = _SWAPS | {StopReason.TTL, StopReason.REPLAN}
+_NOT_KEPT = frozenset({StopReason.REMOVE, StopReason.DROPPED, StopReason.RELOAD})
 # The words upstream-compatible readers have always seen (``last_eviction``).
 _WORDS = {
     StopReason.TTL: "ttl",

@@ -394,6 +394,9 @@ class World:
                 f"{by_tick} leave {free} slots free for {lacking}; queue={entries}"
             )
         for s in issued:
+            # Slots are saved before every stop but a kill, a removal and a reload's.
+            going = s.cause.reason in (StopReason.REMOVE, StopReason.RELOAD, StopReason.DROPPED)
+            assert s.save_slots is (not s.kill and not going), s
             if s.cause.reason is StopReason.REPLAN:
                 # Narrowed (or widened) between requests, never while it serves.
                 busy = [r for r, lease in self.leases.items() if lease == (s.model, s.gen)]

@@ -48,7 +48,9 @@ def test_a_popular_model_idle_for_a_moment_is_not_evicted_while_a_rare_one_can_g
         b.acquire(b.rid(), "a")  # a is in demand: eight requests wait for it
     assert stops(b.release(busy_b)) == []  # b idle for a moment: kept
     (stop,) = stops(b.release(rare))  # c done: it goes for a
-    assert stop == Stop("c", b.gen["c"], kill=False, cause=StopCause(StopReason.LRU, "a"))
+    assert stop == Stop(
+        "c", b.gen["c"], kill=False, cause=StopCause(StopReason.LRU, "a"), save_slots=True
+    )
     out = b.finish_stop(stop)
     assert [s.model for s in spawns(out)] == ["a"]
     assert b.view("b").status.value == "loaded"
@@ -115,7 +117,9 @@ def test_a_hold_for_a_model_that_is_still_loading_ends_with_the_drain_timer() ->
     deadline = b.core.next_deadline()
     assert deadline is not None
     (stop,) = stops(b.on_time(deadline))
-    assert stop == Stop("a", b.gen["a"], kill=False, cause=StopCause(StopReason.LRU, "b"))
+    assert stop == Stop(
+        "a", b.gen["a"], kill=False, cause=StopCause(StopReason.LRU, "b"), save_slots=True
+    )
 
 
 def prefetches(b: Bench, effects: list[Effect]) -> list[str]:

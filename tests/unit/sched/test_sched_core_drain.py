@@ -38,7 +38,7 @@ def test_a_starving_model_gets_the_slot_of_the_lru_busy_model_after_the_bound() 
     assert b.acquire(wa, "a") == []  # no new lease: it queues behind b, in arrival order
     assert b.core.snapshot().queue == (("b", 1), ("a", 1))
     (stop,) = stops(b.release(lease))
-    assert stop == Stop("a", 1, kill=False, cause=StopCause(StopReason.DRAIN, "b"))
+    assert stop == Stop("a", 1, kill=False, cause=StopCause(StopReason.DRAIN, "b"), save_slots=True)
     assert spawns(b.finish_stop(stop)) == [Spawn("b", 1, 0.0)]
     b.spawned("b")
     out = b.ready("b")

@@ -32,7 +32,9 @@ def test_on_time_stops_an_idle_model_after_its_ttl() -> None:
     assert deadline is not None
     assert b.on_time(deadline - 0.001) == []
     out = b.on_time(deadline)
-    assert stops(out) == [Stop("a", 1, kill=False, cause=StopCause(StopReason.TTL))]
+    assert stops(out) == [
+        Stop("a", 1, kill=False, cause=StopCause(StopReason.TTL), save_slots=True)
+    ]
     assert b.view("a").last_eviction == "ttl"
     assert b.core.next_deadline() is None
     assert b.on_time(deadline + 100) == []  # once only
@@ -190,7 +192,9 @@ def test_stop_all_fails_waiters_stops_everything_and_replies_once_none_runs() ->
     assert done not in answered(out)
     by_model = {s.model: s for s in stops(out)}
     assert set(by_model) == {"a"}  # b was already stopping for c
-    assert by_model["a"] == Stop("a", 1, kill=False, cause=StopCause(StopReason.SHUTDOWN))
+    assert by_model["a"] == Stop(
+        "a", 1, kill=False, cause=StopCause(StopReason.SHUTDOWN), save_slots=True
+    )
     assert b.core.snapshot().queue == ()
     assert done not in answered(b.finish_stop(by_model["a"]))
     assert done not in answered(b.release(lease_a))
@@ -209,8 +213,8 @@ def test_stop_all_kills_models_still_loading_and_pending_spawns() -> None:
     out = b.stop_all(done)
     assert failure_of(out, w).status == 503
     assert sorted(stops(out), key=lambda s: s.model) == [
-        Stop("a", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN)),
-        Stop("b", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN)),
+        Stop("a", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN), save_slots=False),
+        Stop("b", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN), save_slots=False),
     ]
     b.exited("a", 1)
     out = b.exited("b", 1)  # the pending spawn is cancelled
@@ -258,7 +262,9 @@ def test_stop_all_waits_for_a_delayed_spawn_to_be_called_off() -> None:
     b.acquire(b.rid(), "a")
     done = b.rid()
     out = b.stop_all(done)
-    assert stops(out) == [Stop("a", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN))]
+    assert stops(out) == [
+        Stop("a", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN), save_slots=False)
+    ]
     assert done not in answered(out)
     out = b.exited("a", 1)
     assert reply_to(out, done) is None

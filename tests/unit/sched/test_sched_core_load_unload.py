@@ -97,7 +97,9 @@ def test_load_evicts_the_lru_model_and_spawns_only_after_the_victim_exits() -> N
     b.bring_up("b")
     rid = b.rid()
     out = b.load(rid, "c")
-    assert stops(out) == [Stop("a", 1, kill=False, cause=StopCause(StopReason.LRU, "c"))]
+    assert stops(out) == [
+        Stop("a", 1, kill=False, cause=StopCause(StopReason.LRU, "c"), save_slots=True)
+    ]
     assert spawns(out) == []
     assert rid not in answered(out)  # it blocks until the victim is gone
     # the victim's progress does not unblock it; only its exit does
@@ -169,7 +171,9 @@ def test_unload_of_a_loading_model_kills_it() -> None:
     rid = b.rid()
     out = b.unload(rid, "a")
     assert reply_to(out, rid) is None
-    assert stops(out) == [Stop("a", 1, kill=True, cause=StopCause(StopReason.UNLOAD))]
+    assert stops(out) == [
+        Stop("a", 1, kill=True, cause=StopCause(StopReason.UNLOAD), save_slots=False)
+    ]
     b.exited("a", 1)  # SIGKILL is reported as 1
     assert b.view("a").failed
 
@@ -180,7 +184,9 @@ def test_unload_of_a_loaded_model_stops_it_gracefully() -> None:
     rid = b.rid()
     out = b.unload(rid, "a")
     assert reply_to(out, rid) is None  # answered without waiting for the exit
-    assert stops(out) == [Stop("a", 1, kill=False, cause=StopCause(StopReason.UNLOAD))]
+    assert stops(out) == [
+        Stop("a", 1, kill=False, cause=StopCause(StopReason.UNLOAD), save_slots=True)
+    ]
     assert b.view("a").stopping
     assert b.status("a") is Status.LOADED
 
@@ -190,7 +196,7 @@ def test_unload_of_a_sleeping_model_stops_it_gracefully() -> None:
     b.bring_up("a")
     b.state("a", "sleeping", {})
     assert stops(b.unload(b.rid(), "a")) == [
-        Stop("a", 1, kill=False, cause=StopCause(StopReason.UNLOAD))
+        Stop("a", 1, kill=False, cause=StopCause(StopReason.UNLOAD), save_slots=True)
     ]
 
 
@@ -199,7 +205,7 @@ def test_unload_of_a_busy_model_stops_it_anyway() -> None:
     b.bring_up("a")
     b.lease("a")
     assert stops(b.unload(b.rid(), "a")) == [
-        Stop("a", 1, kill=False, cause=StopCause(StopReason.UNLOAD))
+        Stop("a", 1, kill=False, cause=StopCause(StopReason.UNLOAD), save_slots=True)
     ]
 
 
@@ -235,7 +241,9 @@ def test_unload_right_after_load_stops_the_model() -> None:
     r2 = b.rid()
     out = b.unload(r2, "a")
     assert reply_to(out, r2) is None
-    assert stops(out) == [Stop("a", 1, kill=True, cause=StopCause(StopReason.UNLOAD))]
+    assert stops(out) == [
+        Stop("a", 1, kill=True, cause=StopCause(StopReason.UNLOAD), save_slots=False)
+    ]
 
 
 def test_load_during_shutdown_is_refused() -> None:

@@ -18,7 +18,9 @@ def _oom_while_b_idle(b: Bench) -> int:
     b.acquire(w, "a")
     b.spawned("a")
     out = b._seen(b.core.exited("a", b.gen["a"], 1, b.tick(), expected=False, oom=True))
-    assert stops(out) == [Stop("b", 1, kill=False, cause=StopCause(StopReason.MEMORY, "a"))]
+    assert stops(out) == [
+        Stop("b", 1, kill=False, cause=StopCause(StopReason.MEMORY, "a"), save_slots=True)
+    ]
     assert w not in answered(out)  # it waits for the second try
     return w
 

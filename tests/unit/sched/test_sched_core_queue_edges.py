@@ -64,7 +64,9 @@ def test_eviction_reason_names_the_entry_that_needs_the_slot() -> None:
     wa, wb = b.rid(), b.rid()
     assert [s.model for s in spawns(b.acquire(wa, "a"))] == ["a"]  # a claims the free slot
     out = b.acquire(wb, "b")  # b needs c's slot
-    assert stops(out) == [Stop("c", 1, kill=False, cause=StopCause(StopReason.LRU, "b"))]
+    assert stops(out) == [
+        Stop("c", 1, kill=False, cause=StopCause(StopReason.LRU, "b"), save_slots=True)
+    ]
 
 
 def test_queued_request_for_a_model_a_direct_load_started_evicts_nothing() -> None:

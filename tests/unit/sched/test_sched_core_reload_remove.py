@@ -26,7 +26,9 @@ def test_loads_wait_for_the_models_a_reload_stops_and_go_on_with_the_new_catalog
     b.bring_up("a")
     rid, w = b.rid(), b.rid()
     out = b.core.reload(rid, ["a"], CONFIGS, b.tick())
-    assert stops(out) == [Stop("a", 1, kill=False, cause=StopCause(StopReason.RELOAD))]
+    assert stops(out) == [
+        Stop("a", 1, kill=False, cause=StopCause(StopReason.RELOAD), save_slots=False)
+    ]
     assert b.acquire(w, "b") == []  # held: the catalogue is being swapped
     out = b.core.exited("a", 1, 0, b.tick(), expected=True)
     kinds = [type(e).__name__ for e in out if isinstance(e, Reloaded | Spawn)]
@@ -42,7 +44,9 @@ def test_a_reload_asked_for_meanwhile_is_folded_in_and_both_are_answered() -> No
     b.core.reload(r1, ["a"], CONFIGS, b.tick())
     newer = [ModelConfig("a"), ModelConfig("b", pin=True), ModelConfig("c")]
     out = b.core.reload(r2, ["b"], newer, b.tick())
-    assert stops(out) == [Stop("b", 1, kill=False, cause=StopCause(StopReason.RELOAD))]
+    assert stops(out) == [
+        Stop("b", 1, kill=False, cause=StopCause(StopReason.RELOAD), save_slots=False)
+    ]
     b.core.exited("a", 1, 0, b.tick(), expected=True)  # b still runs: not done yet
     out = b.core.exited("b", 1, 0, b.tick(), expected=True)
     assert Reloaded(r2, (r1, r2)) in out  # the later catalogue wins
@@ -72,7 +76,9 @@ def test_remove_stops_the_model_then_asks_for_its_files_to_go() -> None:
     b.bring_up("a")
     rid, w = b.rid(), b.rid()
     out = b.core.remove(rid, "a", b.tick())
-    assert stops(out) == [Stop("a", 1, kill=False, cause=StopCause(StopReason.REMOVE))]
+    assert stops(out) == [
+        Stop("a", 1, kill=False, cause=StopCause(StopReason.REMOVE), save_slots=False)
+    ]
     assert DeleteFiles(rid, "a") not in out  # not while its child runs
     out = b.acquire(w, "a")  # a request meanwhile: the model is on its way out
     assert failure_of(out, w) == Failure.server_error("model name=a is not found")
@@ -102,14 +108,19 @@ def test_drain_answers_waiters_kills_loads_and_lets_leases_finish() -> None:
     assert failure_of(out, wb) == Failure.unavailable("server is shutting down")
     assert failure_of(out, wc) == Failure.unavailable("server is shutting down")
     assert stops(out) == [
-        Stop("b", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN))
+        Stop("b", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN), save_slots=False)
     ]  # nobody waits for it
     assert b.status("a") is Status.LOADED  # its request may finish
     w = b.rid()
     assert failure_of(b.acquire(w, "a"), w).status == 503  # but nothing new starts
     assert spawns(b.release(lease)) == []
     assert (
-        spawns(b.finish_stop(Stop("b", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN)))) == []
+        spawns(
+            b.finish_stop(
+                Stop("b", 1, kill=True, cause=StopCause(StopReason.SHUTDOWN), save_slots=False)
+            )
+        )
+        == []
     )
 
 

@@ -67,7 +67,9 @@ def test_busy_model_is_evicted_only_once_idle_and_the_next_spawns_after_its_exit
     assert out == []  # a is busy: nothing can go yet
     assert b.view("b").queue_position == 1
     out = b.release(lease_a)
-    assert stops(out) == [Stop("a", 1, kill=False, cause=StopCause(StopReason.LRU, "b"))]
+    assert stops(out) == [
+        Stop("a", 1, kill=False, cause=StopCause(StopReason.LRU, "b"), save_slots=True)
+    ]
     assert spawns(out) == []
     assert b.view("a").last_eviction == "lru for b"
     # the stopping model still holds the only slot
@@ -96,7 +98,7 @@ def test_models_queued_behind_a_busy_one_load_in_arrival_order() -> None:
     assert grant_of(b.ready("b"), wb).model == "b"
     assert b.core.snapshot().queue == (("c", 1),)
     (stop_b,) = stops(b.release(wb))
-    assert stop_b == Stop("b", 1, kill=False, cause=StopCause(StopReason.LRU, "c"))
+    assert stop_b == Stop("b", 1, kill=False, cause=StopCause(StopReason.LRU, "c"), save_slots=True)
     out = b.finish_stop(stop_b)
     assert [s.model for s in spawns(out)] == ["c"]
     b.spawned("c")
@@ -355,7 +357,7 @@ def test_sleeping_model_can_be_evicted() -> None:
     b.bring_up("a")
     b.state("a", "sleeping", {})
     (stop,) = stops(b.acquire(b.rid(), "b"))
-    assert stop == Stop("a", 1, kill=False, cause=StopCause(StopReason.LRU, "b"))
+    assert stop == Stop("a", 1, kill=False, cause=StopCause(StopReason.LRU, "b"), save_slots=True)
 
 
 def test_models_still_loading_are_never_evicted() -> None:
