@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-__all__ = ["EngineCallFailed", "call"]
+__all__ = ["EngineCallFailed", "call", "fetch"]
 
 _MAX_ANSWER = 64 << 20
 
@@ -34,6 +34,21 @@ def _dechunk(body: bytes) -> bytes:
 async def call(port: int, method: str, path: str, payload: Any = None) -> Any:
     """``method path`` on the child at ``port`` with a JSON body; its JSON answer.
     Raises `EngineCallFailed` on an error status, OSError when it cannot be reached."""
+    status, content = await fetch(port, method, path, payload)
+    try:
+        answer = json.loads(content) if content else None
+    except ValueError:
+        raise EngineCallFailed(f"{path}: answer is not JSON") from None
+    if status >= 400:
+        message = answer.get("error", answer) if isinstance(answer, dict) else answer
+        raise EngineCallFailed(f"{path}: {status} {message}")
+    return answer
+
+
+async def fetch(port: int, method: str, path: str, payload: Any = None) -> tuple[int, bytes]:
+    """``method path`` on the child at ``port`` with a JSON body: its status and body,
+    whatever they are. Raises `EngineCallFailed` on an unreadable answer, OSError when
+    it cannot be reached."""
     body = b"" if payload is None else json.dumps(payload).encode()
     head = (
         f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n"
@@ -64,11 +79,4 @@ async def call(port: int, method: str, path: str, payload: Any = None) -> Any:
         for line in lines[1:]
     ):
         content = _dechunk(content)
-    try:
-        answer = json.loads(content) if content else None
-    except ValueError:
-        raise EngineCallFailed(f"{path}: answer is not JSON") from None
-    if status >= 400:
-        message = answer.get("error", answer) if isinstance(answer, dict) else answer
-        raise EngineCallFailed(f"{path}: {status} {message}")
-    return answer
+    return status, content

@@ -215,6 +215,34 @@ class KvService:
         to be the engine's. A child with the user's own ``--slot-save-path`` is theirs."""
         return model in self._idents and "/slots/" in path
 
+    def _loose(self, model: str, gen: int) -> contextlib.AbstractContextManager[None]:
+        """A request the engine places itself on ``model``'s child ``gen`` (`SlotMap.loose`)."""
+        pending = self._maps.get(model)
+        known = pending[1].map if pending is not None and pending[0] == gen else None
+        return contextlib.nullcontext() if known is None else known.loose()
+
+    def slots_seen_by(self, model: str, gen: int, tenant: str, slots: Any) -> Any:
+        """The child's ``GET /slots`` answer as ``tenant`` may see it (several tenants):
+        a slot whose last or current task may be another tenant's (or whose is unknown)
+        is shown as the engine shows a slot that never served: its ``id``, ``n_ctx`` and
+        ``speculative``, not processing, with no task (no prompt size, parameters or
+        text). With one tenant, or an answer that is not a list, as it came."""
+        if not self.private or not isinstance(slots, list):
+            return slots
+        pending = self._maps.get(model)
+        known = pending[1].map if pending is not None and pending[0] == gen else None
+        out: list[Any] = []
+        for slot in slots:
+            if not isinstance(slot, dict):
+                continue
+            sid = slot.get("id")
+            if known is not None and isinstance(sid, int) and known.shows(sid, tenant):
+                out.append(slot)
+                continue
+            idle = {k: slot[k] for k in ("id", "n_ctx", "speculative") if k in slot}
+            out.append({**idle, "is_processing": False})
+        return out
+
     def usage(self, model: str) -> tuple[int, int]:
         return (0, 0) if self.store is None else self.store.usage(model)
 
@@ -326,13 +354,15 @@ class KvService:
         if not steer and self.private:
             # Not steered (any route): the engine picks the slot, which may hold anyone's
             # tokens. The body is not parsed for it (it may be large).
-            yield Hold(None, without_cache(body), fresh=True)
+            with self._loose(model, gen):
+                yield Hold(None, without_cache(body), fresh=True)
             return
         if steer:
             with contextlib.suppress(ValueError, RecursionError):
                 request = json.loads(body)
         if not isinstance(request, dict):
-            yield Hold(None, without_cache(body) if self.private else body, fresh=self.private)
+            with self._loose(model, gen):
+                yield Hold(None, without_cache(body) if self.private else body, fresh=self.private)
             return
         async with self.held(model, gen, port, path, request, conv, tenant=tenant) as hold:
             fields = hold.fields()
@@ -366,7 +396,8 @@ class KvService:
         # did) that may hold anyone's tokens, and reuses them unless told not to.
         fresh = self.private
         if model not in self._live or kind is None or _several_tasks(request):
-            yield Hold(None, fresh=fresh)  # (several tasks: the engine spreads them itself)
+            with self._loose(model, gen):  # (several tasks: the engine spreads them itself)
+                yield Hold(None, fresh=fresh)
             return
         slots = await self._slot_map(model, gen, port)
         chosen = request.get("id_slot", -1)
@@ -380,7 +411,8 @@ class KvService:
             return
         claim = await slots.claim(conv, request_text(request), tenant)
         if claim is None:
-            yield Hold(None, fresh=fresh)
+            with slots.loose():
+                yield Hold(None, fresh=fresh)
             return
         hold = Hold(claim.slot)
         answered = False

@@ -70,6 +70,12 @@ class _Slot:
     tokens: int | None = None  # the tokens it holds, when its last answer said (timings)
     tenant: str | None = ""  # whose tokens it holds (the key's name; None: unknown)
     outside: int = 0  # requests the map did not place (their own id_slot) running on it
+    # (``private``) busy while a request the engine placed itself ran: unknown once released
+    tainted: bool = False
+    # Whose request the engine's own description of the slot (GET /slots: the last task's
+    # prompt size, parameters) is about ("": none ran; None: unknown). While a claim runs
+    # it still says the one before, until the claimant's request starts on it.
+    shown: str | None = ""
 
 
 @attrs.frozen
@@ -120,10 +126,16 @@ class SlotMap:
         unknown = None if private else ""
         # A slot that served before the map existed holds something we cannot name.
         self._slots = {
-            i: _Slot(i, text=None if i in served else "", tenant=unknown if i in served else "")
+            i: _Slot(
+                i,
+                text=None if i in served else "",
+                tenant=unknown if i in served else "",
+                shown=unknown if i in served else "",
+            )
             for i in ids
         }
         self._waiting: deque[_Waiter] = deque()  # requests waiting for a slot, oldest first
+        self._loose = 0  # (``private``) requests running that the engine places itself
 
     def choose(self, conv: str, text: str, tenant: str = "") -> Claim | None:
         """The slot for a request (``conv`` may be ""), marked busy; None when every slot is
@@ -199,13 +211,16 @@ class SlotMap:
         s.busy = False
         s.last_used = trio.current_time()
         s.tokens = tokens if answered else None
+        s.shown = s.tenant
         if not answered:
             # Never sent, or cut short: the slot may still hold what it held before.
             s.conv, s.text = "", None
-            s.tenant = None if self.private else ""
-        if s.outside:  # a request the map did not place ran on it meanwhile
+            s.tenant = s.shown = None if self.private else ""
+        if s.outside or s.tainted or self._loose:
+            # A request the map did not place ran on it meanwhile, or may have.
             s.conv, s.text, s.tokens = "", None, None
-            s.tenant = None if self.private else ""
+            s.tenant = s.shown = None if self.private else ""
+        s.tainted = False
         self._hand_over()
 
     def _hand_over(self) -> None:
@@ -230,13 +245,48 @@ class SlotMap:
             return
         s.outside += 1
         s.conv, s.text, s.tokens = "", None, None
-        s.tenant = None if self.private else ""
+        s.tenant = s.shown = None if self.private else ""
         try:
             yield
         finally:
             s.outside -= 1
             s.last_used = trio.current_time()
             self._hand_over()
+
+    @contextmanager
+    def loose(self) -> Iterator[None]:
+        """(``private``) A request the map does not place (a route it does not steer, a
+        body too large to read, several tasks) runs for the block, on whichever idle slot
+        the engine picks: the content of every slot idle meanwhile is unknown after it
+        (whose tokens, whose task GET /slots describes), and of every slot busy meanwhile
+        too (the engine may pick it between its request's end and its release)."""
+        if not self.private:
+            yield
+            return
+        self._loose += 1
+        self._taint()
+        try:
+            yield
+        finally:
+            self._loose -= 1
+            self._taint()
+
+    def _taint(self) -> None:
+        for s in self._slots.values():
+            if s.busy:
+                s.tainted = True
+            else:
+                s.conv, s.text, s.tokens = "", None, None
+                s.tenant = s.shown = None
+
+    def shows(self, slot: int, tenant: str) -> bool:
+        """Whether what the engine says of ``slot`` (its last or current task) can be only
+        about ``tenant``'s own requests: the slot holds theirs, and (while claimed) the
+        request before the claim was theirs too."""
+        s = self._slots.get(slot)
+        if s is None or not tenant or s.outside:
+            return False
+        return s.shown == tenant and (not s.busy or s.tenant == tenant)
 
     def owner(self, slot: int) -> str | None:
         """Whose tokens ``slot`` holds ("" without ``private``; None: unknown)."""
