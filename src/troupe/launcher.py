@@ -186,6 +186,10 @@ class ChildLauncher:
             raise ConfigError(f"model {model} is not in the catalogue")
         env = dict(self.environ)
         env.update(self.catalog.child_env(entry))  # its secrets: never on its command line
+        if len(self.settings.api_keys) > 1:
+            # Several tenants: the engine would put every slot's prompt and generated
+            # text in its GET /slots answer (troupe.http.slot_routes).
+            env.pop("LLAMA_SERVER_SLOTS_DEBUG", None)
         # The configured port, even 0 (upstream); its presence is what makes a child a child.
         env["LLAMA_SERVER_ROUTER_PORT"] = str(self.settings.port)
 
