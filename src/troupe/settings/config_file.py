@@ -1,25 +1,22 @@
 """The router config file (``--config troupe.toml``), for deployments.
 
-Every router setting of the command line has a key here; precedence is default <
-config file < environment < command line, as llama-server's own config.ini. The file
-is structured with cattrs so a mistake names the key's path and what was expected::
+Every router setting of the command line has a key here (``troupe.settings.table``
+declares which, and its TOML type); precedence is default < config file < environment <
+command line, as llama-server's own config.ini. The file is structured with cattrs so a
+mistake names the key's path and what was expected::
 
-    [server]   host, port, api_prefix, timeout, api_keys, api_key_file, ssl_key_file,
-               ssl_cert_file, cors_origins, cors_methods, cors_headers, cors_credentials
+    [server]   the listener, keys and CORS (host, port, api_keys, ...)
     [models]   dir, preset, max, autoload, sleep_idle_seconds, memory_margin_mib
-    [troupe]   engine, log_level, log_format, state_dir, max_body_mib, ws_max_message_mib,
-               queue_max, queue_timeout, load_timeout, drain_timeout, drain_after,
-               cpu_placement, kv_store, kv_store_mib
-               queue_max, queue_timeout, load_timeout, drain_timeout, cluster_nodes
+    [troupe]   troupe's own settings (log_level, queue_max, kv_store, ...)
     [child]    any llama-server option, forwarded to every child ("ctx-size" = 4096)
 """
 
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, cast
 
 import attrs
 import cattrs
@@ -27,123 +24,68 @@ import cattrs
 from troupe.errors import ConfigError
 from troupe.settings.options import EngineOption, OptionTable
 from troupe.settings.router import TROUPE_OPTIONS
+from troupe.settings.table import SETTINGS, Section, Setting
 
 __all__ = ["RouterConfig", "config_options", "load_config"]
 
 Scalar = str | int | float | bool
+TomlValue = Scalar | list[str]
+
+_SECTIONS: tuple[Section, ...] = ("server", "models", "troupe")
 
 
-@attrs.frozen
-class ServerSection:
-    host: str | list[str] | None = None
-    port: int | None = None
-    api_prefix: str | None = None
-    timeout: int | None = None
-    api_keys: list[str] | None = None
-    api_key_file: str | None = None
-    ssl_key_file: str | None = None
-    ssl_cert_file: str | None = None
-    cors_origins: str | None = None
-    cors_methods: str | None = None
-    cors_headers: str | None = None
-    cors_credentials: bool | None = None
+def _optional(kind: type | UnionType) -> type:
+    # attrs takes any annotation at run time (its stubs say type); cattrs reads it, and
+    # names it in errors ("expected int | None").
+    return cast(type, kind | None)
 
 
-@attrs.frozen
-class ModelsSection:
-    dir: str | None = None
-    preset: str | None = None
-    max: int | None = None
-    autoload: bool | None = None
-    sleep_idle_seconds: int | None = None
-    memory_margin_mib: int | str | None = None
+def _section_class(section: Section) -> type:
+    """The attrs class cattrs structures ``[section]`` into: one optional field per key."""
+    fields = {
+        s.toml.key: attrs.field(type=_optional(s.toml.type), default=None)
+        for s in SETTINGS
+        if s.toml is not None and s.toml.section == section
+    }
+    return attrs.make_class(f"{section.title()}Section", fields, frozen=True)
 
 
-@attrs.frozen
-class TroupeSection:
-    engine: str | None = None
-    log_level: str | None = None
-    log_format: str | None = None
-    state_dir: str | None = None
-    max_body_mib: int | None = None
-    ws_max_message_mib: int | None = None
-    queue_max: int | None = None
-    queue_timeout: float | None = None
-    load_timeout: float | str | None = None
-    drain_timeout: float | None = None
-    drain_after: float | str | None = None
-    cpu_placement: str | None = None
-    access_log: str | None = None  # "on" or "off"
-    named_api_keys: str | None = None
-    allowed_hosts: str | None = None
-    body_timeout: float | None = None
-    max_connections: int | None = None
-    max_connections_per_client: int | None = None
-    body_min_rate: int | None = None
-    body_rate_grace: float | None = None
-    ws_idle_timeout: float | None = None
-    kv_store: str | None = None
-    kv_store_mib: int | None = None
-    cluster_nodes: list[str] | str | None = None  # URLs, or the path of a file of them
+def _file_class() -> type:
+    """The whole file: the three sections, then [child]."""
+    fields: dict[str, Any] = {}
+    for section in _SECTIONS:
+        cls = _section_class(section)
+        fields[section] = attrs.field(type=cls, factory=cls)
+    fields["child"] = attrs.field(type=dict[str, Scalar], factory=dict)
+    return attrs.make_class("ConfigFile", fields, frozen=True)
+
+
+_FILE = _file_class()
 
 
 @attrs.frozen
 class RouterConfig:
-    server: ServerSection = ServerSection()
-    models: ModelsSection = ModelsSection()
-    troupe: TroupeSection = TroupeSection()
+    """A config file as read: each key given (``(section, key)`` -> value), and [child]."""
+
+    values: dict[tuple[Section, str], TomlValue] = attrs.field(factory=dict)
     child: dict[str, Scalar] = attrs.field(factory=dict)
 
+    def get(self, setting: Setting[object]) -> TomlValue | None:
+        """The value the file gives ``setting``, or None."""
+        toml = setting.toml
+        return None if toml is None else self.values.get((toml.section, toml.key))
 
-# Which command-line spelling each key stands for.
-_SERVER = {
-    "host": "--host",
-    "port": "--port",
-    "api_prefix": "--api-prefix",
-    "timeout": "--timeout",
-    "api_keys": "--api-key",
-    "api_key_file": "--api-key-file",
-    "ssl_key_file": "--ssl-key-file",
-    "ssl_cert_file": "--ssl-cert-file",
-    "cors_origins": "--cors-origins",
-    "cors_methods": "--cors-methods",
-    "cors_headers": "--cors-headers",
-    "cors_credentials": "--cors-credentials",
-}
-_MODELS = {
-    "dir": "--models-dir",
-    "preset": "--models-preset",
-    "max": "--models-max",
-    "autoload": "--models-autoload",
-    "sleep_idle_seconds": "--sleep-idle-seconds",
-}
-_MODELS_OWN = {"memory_margin_mib": "--models-memory-margin"}
-_TROUPE = {
-    "engine": "--engine",
-    "log_level": "--log-level",
-    "log_format": "--log-format",
-    "state_dir": "--state-dir",
-    "max_body_mib": "--max-body-mib",
-    "ws_max_message_mib": "--ws-max-message-mib",
-    "queue_max": "--queue-max",
-    "queue_timeout": "--queue-timeout",
-    "load_timeout": "--load-timeout",
-    "drain_timeout": "--drain-timeout",
-    "drain_after": "--drain-after",
-    "cpu_placement": "--cpu-placement",
-    "access_log": "--access-log",
-    "named_api_keys": "--named-api-keys",
-    "allowed_hosts": "--allowed-hosts",
-    "body_timeout": "--body-timeout",
-    "max_connections": "--max-connections",
-    "max_connections_per_client": "--max-connections-per-client",
-    "body_min_rate": "--body-min-rate",
-    "body_rate_grace": "--body-rate-grace",
-    "ws_idle_timeout": "--ws-idle-timeout",
-    "kv_store": "--kv-store",
-    "kv_store_mib": "--kv-store-mib",
-    "cluster_nodes": "--cluster-nodes",
-}
+
+def _given(parsed: object) -> RouterConfig:
+    values: dict[tuple[Section, str], TomlValue] = {}
+    for setting in SETTINGS:
+        if setting.toml is not None:
+            section, key = setting.toml.section, setting.toml.key
+            value: object = getattr(getattr(parsed, section), key)
+            if isinstance(value, bool | int | float | str | list):
+                values[(section, key)] = value
+    child: dict[str, Scalar] = getattr(parsed, "child")  # noqa: B009  (a generated class)
+    return RouterConfig(values, child)
 
 
 def _converter() -> cattrs.Converter:
@@ -189,10 +131,11 @@ def load_config(path: Path) -> RouterConfig:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     try:
-        return _converter().structure(raw, RouterConfig)
+        parsed: object = _converter().structure(raw, _FILE)
     except cattrs.BaseValidationError as exc:
         problems = "; ".join(cattrs.transform_error(exc, path="config"))
         raise ConfigError(f"config file {path}: {problems}") from None
+    return _given(parsed)
 
 
 def _text(value: Scalar | list[str]) -> str:
@@ -211,41 +154,19 @@ def config_options(
     engine_opts: dict[EngineOption, str] = {}
     own_table = OptionTable(TROUPE_OPTIONS)
     own_opts: dict[EngineOption, str] = {}
-
-    def put(
-        section: object,
-        mapping: Mapping[str, str],
-        target: dict[EngineOption, str],
-        tab: OptionTable,
-    ) -> None:
-        for key, spelling in mapping.items():
-            value = getattr(section, key)
-            if value is None:
+    for section in _SECTIONS:
+        for setting in SETTINGS:
+            toml = setting.toml
+            value = cfg.get(setting)
+            if toml is None or toml.section != section or value is None:
                 continue
-            found = tab.by_spelling(spelling)
-            assert found is not None, spelling
-            if key in (
-                "dir",
-                "preset",
-                "api_key_file",
-                "ssl_key_file",
-                "ssl_cert_file",
-                "engine",
-                "state_dir",
-            ):
-                value = (
-                    str((base / str(value)).resolve())
-                    if not Path(str(value)).is_absolute()
-                    else value
-                )
-            if key == "cluster_nodes" and isinstance(value, str) and "://" not in value:
+            found = (own_table if setting.own else table).by_spelling(setting.flag)
+            assert found is not None, setting.flag
+            if toml.relative == "path" and not Path(str(value)).is_absolute():
+                value = str((base / str(value)).resolve())
+            if toml.relative == "nodes" and isinstance(value, str) and "://" not in value:
                 value = str((base / value).resolve())  # a node-list file, by the config's
-            target[found[0]] = _text(value)
-
-    put(cfg.server, _SERVER, engine_opts, table)
-    put(cfg.models, _MODELS, engine_opts, table)
-    put(cfg.models, _MODELS_OWN, own_opts, own_table)
-    put(cfg.troupe, _TROUPE, own_opts, own_table)
+            (own_opts if setting.own else engine_opts)[found[0]] = _text(value)
     for key, value in cfg.child.items():
         found = table.by_key(key)
         if found is None:

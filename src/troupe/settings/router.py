@@ -1,20 +1,23 @@
 """The router's own settings: llama-server's router flags plus troupe's additions.
 
-Precedence, as upstream: built-in default < environment (``LLAMA_ARG_*``) < command
-line. The router flags are llama-server options too, so they also stay in the base
-preset that is forwarded to children; the catalogue strips the reserved ones.
+Each setting is declared in ``troupe.settings.table`` (flag, environment name, config key,
+parser, default, help); here they are read into `RouterSettings`. Precedence, as
+upstream: built-in default < config file < environment (``LLAMA_ARG_*``) < command line.
+The router flags are llama-server options too, so they also stay in the base preset that
+is forwarded to children; the catalogue strips the reserved ones.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
 
 from troupe.errors import UsageError
+from troupe.settings import table as T
 from troupe.settings.options import EngineOption, OptionTable
+from troupe.settings.table import SETTINGS, log_format
 
 __all__ = [
     "ROUTER_OPTIONS",
@@ -25,77 +28,12 @@ __all__ = [
     "with_router_options",
 ]
 
-_TRUTHY = {"on", "enabled", "true", "1"}
-_FALSEY = {"off", "disabled", "false", "0"}
+ROUTER_OPTIONS: tuple[EngineOption, ...] = tuple(s.option for s in SETTINGS if not s.own)
+"""llama-server's router flags (spec §1.2). The engine's own --help is authoritative; these
+fill in when an engine build lacks one, so the router never depends on a child's help."""
 
-
-def _opt(
-    *spellings: str, hint: str | None = None, env: str | None = None, neg: tuple[str, ...] = ()
-) -> EngineOption:
-    return EngineOption(spellings=spellings, negatives=neg, hints=(hint,) if hint else (), env=env)
-
-
-# llama-server's router flags (spec §1.2). The engine's own --help is authoritative; these
-# fill in when an engine build lacks one, so the router never depends on a child's help.
-ROUTER_OPTIONS: tuple[EngineOption, ...] = (
-    _opt("--host", hint="HOST", env="LLAMA_ARG_HOST"),
-    _opt("--port", hint="PORT", env="LLAMA_ARG_PORT"),
-    _opt("--models-dir", hint="PATH", env="LLAMA_ARG_MODELS_DIR"),
-    _opt("--models-preset", hint="PATH", env="LLAMA_ARG_MODELS_PRESET"),
-    _opt("--models-max", hint="N", env="LLAMA_ARG_MODELS_MAX"),
-    _opt("--models-autoload", env="LLAMA_ARG_MODELS_AUTOLOAD", neg=("--no-models-autoload",)),
-    _opt("--sleep-idle-seconds", hint="SECONDS"),
-    _opt("--api-key", hint="KEY", env="LLAMA_API_KEY"),
-    _opt("--api-key-file", hint="FNAME", env="LLAMA_ARG_API_KEY_FILE"),
-    _opt("-to", "--timeout", hint="N", env="LLAMA_ARG_TIMEOUT"),
-    _opt("--ssl-key-file", hint="FNAME", env="LLAMA_ARG_SSL_KEY_FILE"),
-    _opt("--ssl-cert-file", hint="FNAME", env="LLAMA_ARG_SSL_CERT_FILE"),
-    _opt("--api-prefix", hint="PREFIX", env="LLAMA_ARG_API_PREFIX"),
-    _opt("--cors-origins", hint="ORIGINS", env="LLAMA_ARG_CORS_ORIGINS"),
-    _opt("--cors-methods", hint="METHODS", env="LLAMA_ARG_CORS_METHODS"),
-    _opt("--cors-headers", hint="HEADERS", env="LLAMA_ARG_CORS_HEADERS"),
-    _opt("--cors-credentials", env="LLAMA_ARG_CORS_CREDENTIALS", neg=("--no-cors-credentials",)),
-    _opt("--threads-http", hint="N", env="LLAMA_ARG_THREADS_HTTP"),
-    _opt("--offline", env="LLAMA_ARG_OFFLINE"),
-    _opt("--ui-config", "--webui-config", hint="JSON", env="LLAMA_ARG_UI_CONFIG"),
-    _opt("--ui-config-file", "--webui-config-file", hint="PATH", env="LLAMA_ARG_UI_CONFIG_FILE"),
-    _opt(
-        "--ui-mcp-proxy",
-        "--webui-mcp-proxy",
-        env="LLAMA_ARG_UI_MCP_PROXY",
-        neg=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy"),
-    ),
-)
-
-# troupe's own flags: never forwarded to children (llama-server would reject them).
-TROUPE_OPTIONS: tuple[EngineOption, ...] = (
-    _opt("--engine", hint="PATH", env="TROUPE_ENGINE"),
-    _opt("--config", hint="PATH", env="TROUPE_CONFIG"),
-    _opt("--log-level", hint="LEVEL", env="TROUPE_LOG_LEVEL"),
-    _opt("--log-format", hint="FORMAT", env="TROUPE_LOG_FORMAT"),
-    _opt("--state-dir", hint="PATH", env="TROUPE_STATE_DIR"),
-    _opt("--max-body-mib", hint="N", env="TROUPE_MAX_BODY_MIB"),
-    _opt("--queue-max", hint="N", env="TROUPE_QUEUE_MAX"),
-    _opt("--models-memory-margin", hint="MIB", env="TROUPE_MODELS_MEMORY_MARGIN"),
-    _opt("--queue-timeout", hint="SECONDS", env="TROUPE_QUEUE_TIMEOUT"),
-    _opt("--ws-max-message-mib", hint="N", env="TROUPE_WS_MAX_MESSAGE_MIB"),
-    _opt("--load-timeout", hint="SECONDS", env="TROUPE_LOAD_TIMEOUT"),
-    _opt("--drain-timeout", hint="SECONDS", env="TROUPE_DRAIN_TIMEOUT"),
-    _opt("--drain-after", hint="SECONDS", env="TROUPE_DRAIN_AFTER"),
-    _opt("--cpu-placement", hint="auto|off", env="TROUPE_CPU_PLACEMENT"),
-    _opt("--access-log", hint="on|off", env="TROUPE_ACCESS_LOG"),
-    _opt("--named-api-keys", hint="PATH", env="TROUPE_NAMED_API_KEYS"),
-    _opt("--allowed-hosts", hint="HOSTS", env="TROUPE_ALLOWED_HOSTS"),
-    _opt("--body-timeout", hint="SECONDS", env="TROUPE_BODY_TIMEOUT"),
-    _opt("--max-connections", hint="N", env="TROUPE_MAX_CONNECTIONS"),
-    _opt("--max-connections-per-client", hint="N", env="TROUPE_MAX_CONNECTIONS_PER_CLIENT"),
-    _opt("--body-min-rate", hint="BYTES", env="TROUPE_BODY_MIN_RATE"),
-    _opt("--body-rate-grace", hint="SECONDS", env="TROUPE_BODY_RATE_GRACE"),
-    _opt("--ws-idle-timeout", hint="SECONDS", env="TROUPE_WS_IDLE_TIMEOUT"),
-    _opt("--kv-store", hint="on|off", env="TROUPE_KV_STORE"),
-    _opt("--kv-store-mib", hint="N", env="TROUPE_KV_STORE_MIB"),
-    _opt("--cluster-nodes", hint="URLS|FILE", env="TROUPE_CLUSTER_NODES"),
-)
+TROUPE_OPTIONS: tuple[EngineOption, ...] = tuple(s.option for s in SETTINGS if s.own)
+"""troupe's own flags: never forwarded to children (llama-server would reject them)."""
 
 
 def with_router_options(table: OptionTable) -> OptionTable:
@@ -172,33 +110,6 @@ class RouterSettings:
     base_args: tuple[tuple[EngineOption, str], ...] = ()
 
 
-CPU_PLACEMENTS = ("auto", "off")
-KV_STORE_MODES = ("on", "off")
-
-
-def _choice(flag: str, value: str, choices: tuple[str, ...]) -> str:
-    v = value.strip().lower()
-    if v not in choices:
-        raise UsageError(f"invalid value for {flag}: '{value}' ({', '.join(choices)})")
-    return v
-
-
-def _parse_bool(name: str, value: str) -> bool:
-    v = value.strip().lower()
-    if v in _TRUTHY:
-        return True
-    if v in _FALSEY:
-        return False
-    raise UsageError(f"invalid value for {name}: '{value}' (expected true or false)")
-
-
-def _parse_int(name: str, value: str) -> int:
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise UsageError(f"invalid value for {name}: '{value}' (expected an integer)") from None
-
-
 class _Lookup:
     """Reads one setting: command line, then its environment names, then the config file."""
 
@@ -231,94 +142,14 @@ class _Lookup:
             return f"{spelling} (config file)", self.config[opt]
         return None
 
-    def text(self, spelling: str, default: str) -> str:
-        got = self.get(spelling)
-        return default if got is None else got[1]
-
-    def integer(self, spelling: str, default: int) -> int:
-        got = self.get(spelling)
-        return default if got is None else _parse_int(got[0], got[1])
-
-    def boolean(self, spelling: str, default: bool) -> bool:
-        got = self.get(spelling)
-        return default if got is None else _parse_bool(got[0], got[1])
-
-    def path(self, spelling: str) -> Path | None:
-        got = self.get(spelling)
-        return Path(got[1]).expanduser() if got and got[1] else None
-
-
-def _mib(get: _Lookup, spelling: str, default: int) -> int:
-    value = get.integer(spelling, default)
-    if value <= 0:
-        raise UsageError(
-            f"invalid value for {spelling}: {value} (expected a positive number of MiB)"
-        )
-    return value << 20
-
-
-def _non_negative(value: int, spelling: str) -> int:
-    if value < 0:
-        raise UsageError(f"invalid value for {spelling}: {value} (expected 0 or more)")
-    return value
-
 
 def _allowed_origins(get: _Lookup) -> tuple[str, ...]:
     """The origins an explicit ``--cors-origins`` lists (its default ``*`` is
     llama.cpp's CORS header, not a choice to let every web page drive troupe)."""
-    got = get.get("--cors-origins")
-    if got is None or got[1].strip().lower() == "localhost":
+    got = T.CORS_ORIGINS.given(get)
+    if got is None or got.text.strip().lower() == "localhost":
         return ()
-    return tuple(o.strip() for o in got[1].split(",") if o.strip())
-
-
-def log_format(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("text", "json"):
-        raise UsageError(f"invalid value for --log-format: '{text}' (text or json)")
-    return value
-
-
-def _margin(text: str) -> int | None:
-    if text.strip().lower() == "off":
-        return None
-    try:
-        mib = int(text)
-    except ValueError:
-        raise UsageError(
-            f"invalid value for --models-memory-margin: '{text}' (MiB, or off)"
-        ) from None
-    if mib < 0:
-        raise UsageError(f"invalid value for --models-memory-margin: {mib} (MiB >= 0, or off)")
-    return mib << 20
-
-
-def _timeout(text: str) -> float | None:
-    if not text.strip():
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise UsageError(
-            f"invalid value for --queue-timeout: '{text}' (expected seconds)"
-        ) from None
-    if not seconds > 0:
-        raise UsageError(f"invalid value for --queue-timeout: '{text}' (expected seconds > 0)")
-    return seconds
-
-
-def _seconds(spelling: str, text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise UsageError(f"invalid value for {spelling}: '{text}' (expected seconds)") from None
-    if not 0 < seconds < float("inf"):
-        raise UsageError(f"invalid value for {spelling}: '{text}' (expected seconds > 0)")
-    return seconds
-
-
-def _seconds_or_off(spelling: str, text: str) -> float | None:
-    return None if text.strip().lower() == "off" else _seconds(spelling, text)
+    return tuple(o.strip() for o in got.text.split(",") if o.strip())
 
 
 def _read_api_keys(path: Path) -> tuple[str, ...]:
@@ -347,22 +178,6 @@ def _read_named_keys(path: Path) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _positive_int(spelling: str, value: int) -> int:
-    if value <= 0:
-        raise UsageError(f"invalid value for {spelling}: {value} (expected 1 or more)")
-    return value
-
-
-def _parse_ui_config(source: str, raw: str) -> Mapping[str, object]:
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise UsageError(f"invalid JSON in {source}: {exc}") from None
-    if not isinstance(value, dict):
-        raise UsageError(f"{source} must be a JSON object")
-    return value
-
-
 def build_settings(
     table: OptionTable,
     cli: Mapping[EngineOption, str],
@@ -375,99 +190,82 @@ def build_settings(
     get = _Lookup(table, cli, environ, config)
     own = _Lookup(OptionTable(TROUPE_OPTIONS), troupe_cli, environ, troupe_config)
 
-    sleep_idle = get.integer("--sleep-idle-seconds", -1)
-    if sleep_idle == 0 or sleep_idle < -1:
-        raise UsageError("invalid value for --sleep-idle-seconds: cannot be 0 or less than -1")
-    port = get.integer("--port", 8080)
-    if not 0 <= port <= 65535:
-        raise UsageError(f"invalid value for --port: {port} (expected 0-65535)")
+    sleep_idle = T.SLEEP_IDLE_SECONDS.read(get)
+    port = T.PORT.read(get)
 
-    keys: list[str] = []
-    raw_keys = get.get("--api-key")
-    if raw_keys:
-        keys += [k.strip() for k in raw_keys[1].split(",") if k.strip()]
-    key_file = get.path("--api-key-file")
+    keys = list(T.API_KEY.read(get))
+    key_file = T.API_KEY_FILE.read(get)
     if key_file:
         keys += _read_api_keys(key_file)
     names = [""] * len(keys)
-    named_file = own.path("--named-api-keys")
+    named_file = T.NAMED_API_KEYS.read(own)
     if named_file:
         for name, key in _read_named_keys(named_file):
             keys.append(key)
             names.append(name)
 
     ui_config: Mapping[str, object] = {}
-    ui_file = get.path("--ui-config-file")
+    ui_file = T.UI_CONFIG_FILE.read(get)
     if ui_file:
         try:
-            ui_config = _parse_ui_config(str(ui_file), ui_file.read_text(encoding="utf-8"))
+            text = ui_file.read_text(encoding="utf-8")
         except OSError as exc:
             raise UsageError(
                 f"cannot read --ui-config-file '{ui_file}': {exc.strerror or exc}"
             ) from None
-    raw_ui = get.get("--ui-config")
+        ui_config = T.UI_CONFIG.parse(T.Raw(str(ui_file), T.UI_CONFIG.flag, text))
+    raw_ui = T.UI_CONFIG.given(get)
     if raw_ui:
-        ui_config = _parse_ui_config(raw_ui[0], raw_ui[1])
+        ui_config = T.UI_CONFIG.parse(raw_ui)
 
-    models_dir = get.path("--models-dir")
-    if models_dir is not None and not models_dir.is_dir():
-        raise UsageError(f"'{models_dir}' does not exist or is not a directory")
-    models_preset = get.path("--models-preset")
-    if models_preset is not None and not models_preset.is_file():
-        raise UsageError(f"preset file does not exist: {models_preset}")
-
-    hosts = tuple(h.strip() for h in get.text("--host", "127.0.0.1").split(",") if h.strip())
+    models_dir = T.MODELS_DIR.read(get)
+    models_preset = T.MODELS_PRESET.read(get)
+    hosts = T.HOST.read(get)
     return RouterSettings(
-        hosts=hosts or ("127.0.0.1",),
+        hosts=hosts,
         port=port,
         models_dir=models_dir,
         models_preset=models_preset,
-        models_max=get.integer("--models-max", 4),
-        models_autoload=get.boolean("--models-autoload", True),
+        models_max=T.MODELS_MAX.read(get),
+        models_autoload=T.MODELS_AUTOLOAD.read(get),
         sleep_idle_seconds=sleep_idle,
         api_keys=tuple(keys),
         api_key_names=tuple(names),
-        timeout=get.integer("--timeout", 3600),
-        ssl_key_file=get.path("--ssl-key-file"),
-        ssl_cert_file=get.path("--ssl-cert-file"),
-        api_prefix=get.text("--api-prefix", ""),
-        cors_origins=get.text("--cors-origins", "*"),
-        cors_methods=get.text("--cors-methods", "GET, POST, DELETE, OPTIONS"),
-        cors_headers=get.text("--cors-headers", "*"),
-        cors_credentials=get.boolean("--cors-credentials", True),
+        timeout=T.TIMEOUT.read(get),
+        ssl_key_file=T.SSL_KEY_FILE.read(get),
+        ssl_cert_file=T.SSL_CERT_FILE.read(get),
+        api_prefix=T.API_PREFIX.read(get),
+        cors_origins=T.CORS_ORIGINS.read(get),
+        cors_methods=T.CORS_METHODS.read(get),
+        cors_headers=T.CORS_HEADERS.read(get),
+        cors_credentials=T.CORS_CREDENTIALS.read(get),
         allowed_origins=_allowed_origins(get),
-        offline=get.boolean("--offline", False),
+        offline=T.OFFLINE.read(get),
         ui_config=ui_config,
-        ui_mcp_proxy=get.boolean("--ui-mcp-proxy", False),
-        engine=own.text("--engine", "") or None,
-        log_level=own.text("--log-level", "info"),
-        log_format=log_format(own.text("--log-format", "text")),
-        state_dir=own.path("--state-dir"),
-        max_body_bytes=_mib(own, "--max-body-mib", 128),
-        ws_max_message_bytes=_mib(own, "--ws-max-message-mib", 16),
-        queue_max=_non_negative(own.integer("--queue-max", 0), "--queue-max"),
-        queue_timeout=_timeout(own.text("--queue-timeout", "")),
-        load_timeout=_seconds_or_off("--load-timeout", own.text("--load-timeout", "300")),
-        drain_timeout=_seconds("--drain-timeout", own.text("--drain-timeout", "30")),
-        drain_after=_seconds_or_off("--drain-after", own.text("--drain-after", "1")),
-        cpu_placement=_choice(
-            "--cpu-placement", own.text("--cpu-placement", "auto"), CPU_PLACEMENTS
-        ),
-        kv_store=_choice("--kv-store", own.text("--kv-store", "on"), KV_STORE_MODES),
-        kv_store_bytes=_mib(own, "--kv-store-mib", 4096),
-        memory_margin_bytes=_margin(own.text("--models-memory-margin", "1024")),
-        access_log=_choice("--access-log", own.text("--access-log", "off"), ("on", "off")) == "on",
-        allowed_hosts=tuple(
-            h.strip().lower() for h in own.text("--allowed-hosts", "").split(",") if h.strip()
-        ),
-        body_timeout=_seconds("--body-timeout", own.text("--body-timeout", "300")),
-        max_connections=_positive_int("--max-connections", own.integer("--max-connections", 1024)),
-        max_connections_per_client=_non_negative(
-            own.integer("--max-connections-per-client", 256), "--max-connections-per-client"
-        ),
-        body_min_rate=_non_negative(own.integer("--body-min-rate", 500), "--body-min-rate"),
-        body_rate_grace=_seconds("--body-rate-grace", own.text("--body-rate-grace", "10")),
-        ws_idle_timeout=_seconds("--ws-idle-timeout", own.text("--ws-idle-timeout", "300")),
-        cluster_nodes=own.text("--cluster-nodes", "").strip(),
+        ui_mcp_proxy=T.UI_MCP_PROXY.read(get),
+        engine=T.ENGINE.read(own),
+        log_level=T.LOG_LEVEL.read(own),
+        log_format=T.LOG_FORMAT.read(own),
+        state_dir=T.STATE_DIR.read(own),
+        max_body_bytes=T.MAX_BODY_MIB.read(own),
+        ws_max_message_bytes=T.WS_MAX_MESSAGE_MIB.read(own),
+        queue_max=T.QUEUE_MAX.read(own),
+        queue_timeout=T.QUEUE_TIMEOUT.read(own),
+        load_timeout=T.LOAD_TIMEOUT.read(own),
+        drain_timeout=T.DRAIN_TIMEOUT.read(own),
+        drain_after=T.DRAIN_AFTER.read(own),
+        cpu_placement=T.CPU_PLACEMENT.read(own),
+        kv_store=T.KV_STORE.read(own),
+        kv_store_bytes=T.KV_STORE_MIB.read(own),
+        memory_margin_bytes=T.MODELS_MEMORY_MARGIN.read(own),
+        access_log=T.ACCESS_LOG.read(own),
+        allowed_hosts=T.ALLOWED_HOSTS.read(own),
+        body_timeout=T.BODY_TIMEOUT.read(own),
+        max_connections=T.MAX_CONNECTIONS.read(own),
+        max_connections_per_client=T.MAX_CONNECTIONS_PER_CLIENT.read(own),
+        body_min_rate=T.BODY_MIN_RATE.read(own),
+        body_rate_grace=T.BODY_RATE_GRACE.read(own),
+        ws_idle_timeout=T.WS_IDLE_TIMEOUT.read(own),
+        cluster_nodes=T.CLUSTER_NODES.read(own),
         base_args=tuple({**(config or {}), **cli}.items()),
     )
