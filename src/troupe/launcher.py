@@ -25,6 +25,7 @@ from troupe.catalog.hfcache import cache_dir
 from troupe.catalog.memory import model_need
 from troupe.catalog.prepared import PreparedCatalog
 from troupe.catalog.removal import remove_cached
+from troupe.catalog.render import restart_key
 from troupe.child.argcheck import SectionChecks
 from troupe.child.cpu_flags import cpu_flags, cpu_request
 from troupe.child.ports import free_port
@@ -33,7 +34,7 @@ from troupe.errors import ConfigError
 from troupe.gguf import ModelFacts
 from troupe.kvstore import KvService
 from troupe.ops.logs import ModelLogs
-from troupe.sched import ModelConfig
+from troupe.sched import ModelConfig, RestartKey
 from troupe.sched.cpu import CpuPlan
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
@@ -163,6 +164,7 @@ class ChildLauncher:
                     fingerprint=fp,
                     need=need,
                     cpu=cpu_request(e.preset.get_spelling),
+                    restart_key=RestartKey(*restart_key(e.preset)),
                 )
             )
         return configs

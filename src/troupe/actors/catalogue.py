@@ -14,12 +14,11 @@ from typing import Protocol
 
 import trio
 
-from troupe.catalog import needs_restart
 from troupe.catalog.prepared import PreparedCatalog
 from troupe.errors import ConfigError
 from troupe.messages import Message, Rescanned
 from troupe.modellog import about
-from troupe.sched import Effect, Failure, Reply, SchedulerCore
+from troupe.sched import Effect, Failure, Reply, SchedulerCore, Stop, StopReason
 from troupe.sched.effects import Reloaded
 from troupe.sched.events import ModelRemoved, SchedulerEvent
 
@@ -103,18 +102,14 @@ class CatalogueKeeper:
         fresh = msg.result
         for warning in fresh.catalog.warnings:
             log.warning("%s", warning)
-        old = self.current.catalog
-        restart = sorted(
-            name
-            for name in core.running_names()
-            if (a := old.get(name)) is None
-            or (b := fresh.catalog.get(name)) is None
-            or needs_restart(a.preset, b.preset)
-        )
+        self._scanned[msg.rid] = fresh
+        effects = core.reload(msg.rid, fresh.configs, now)  # the core decides who restarts
+        restart = [
+            e.model for e in effects if isinstance(e, Stop) and e.cause.reason is StopReason.RELOAD
+        ]
         if restart:
             log.info("reload restarts %s", ", ".join(restart))
-        self._scanned[msg.rid] = fresh
-        return core.reload(msg.rid, restart, fresh.configs, now)
+        return effects
 
     def swap(self, effect: Reloaded) -> None:
         """The core took reload ``effect.rid``'s catalogue: so does everyone else now."""

@@ -14,6 +14,7 @@ HF_TOKEN)`` in its ``--help``), and ``status.preset`` shows it as `REDACTED`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import attrs
@@ -34,6 +35,7 @@ __all__ = [
     "forced_options",
     "needs_restart",
     "preset_args",
+    "restart_key",
     "secret_env",
     "status_preset",
     "without_secrets",
@@ -180,20 +182,31 @@ def status_preset(
     return render_ini(name, items)
 
 
-def needs_restart(
-    running: Preset,
-    fresh: Preset,
-    keys: PresetKeys = DEFAULT_PRESET_KEYS,
-) -> bool:
-    """Whether a reload restarts a running model (``load_models``, reload branch).
+def restart_key(preset: Preset, keys: PresetKeys = DEFAULT_PRESET_KEYS) -> tuple[str, bool]:
+    """What a reload compares to tell whether a running model restarts (``load_models``,
+    reload branch): a digest of the preset as compared, and whether it restarts at every
+    reload (the scheduler's `RestartKey`; `needs_restart` is the comparison).
 
     Upstream compares the running model's preset *after* ``update_args`` (reserved
     options stripped) with the fresh merged preset as is, both without host, port,
     alias and log-colors; so a reserved option written into a model's section
     restarts it at every reload, as upstream does. troupe's own preset-only keys
-    (``upstream=False``) are left out of the comparison.
+    (``upstream=False``) are left out of the comparison. A digest: the preset may hold
+    secrets, which the scheduler has no business keeping.
     """
     own = [k.key for k in keys if not k.upstream]
-    old = running.without_env(*RESERVED_ENVS, *_COMPARE_IGNORES).without_extras(own)
-    new = fresh.without_env(*_COMPARE_IGNORES).without_extras(own)
-    return old.comparable() != new.comparable()
+    compared = preset.without_env(*RESERVED_ENVS, *_COMPARE_IGNORES).without_extras(own)
+    digest = hashlib.sha256(repr(compared.comparable()).encode()).hexdigest()
+    reserved = set(RESERVED_ENVS)
+    return digest, any(o.env in reserved for o, _ in preset.options)
+
+
+def needs_restart(
+    running: Preset,
+    fresh: Preset,
+    keys: PresetKeys = DEFAULT_PRESET_KEYS,
+) -> bool:
+    """Whether a reload restarts a running model (see `restart_key`)."""
+    old, _ = restart_key(running, keys)
+    new, always = restart_key(fresh, keys)
+    return always or old != new

@@ -24,7 +24,7 @@ from troupe.sched.phase import Phase
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.settle import FAKE_TIMING_DELAY
 from troupe.sched.status import Status
-from troupe.sched.table import ModelConfig, ModelView, Snapshot
+from troupe.sched.table import ModelConfig, ModelView, RestartKey, Snapshot
 
 __all__ = [
     "FAKE_TIMING_DELAY",
@@ -37,6 +37,7 @@ __all__ = [
     "Phase",
     "Prefetch",
     "Reply",
+    "RestartKey",
     "SampleMemory",
     "SchedulerCore",
     "Snapshot",

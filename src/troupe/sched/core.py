@@ -324,19 +324,22 @@ class SchedulerCore:
         self._settle(now)
         return self._flush()
 
-    def reload(
-        self, rid: int, restart: Iterable[str], models: Iterable[ModelConfig], now: float
-    ) -> list[Effect]:
-        """A reload (§6.9): loads wait, the running models in ``restart`` (preset changed
-        or gone) are stopped, and once none of them runs ``models`` becomes the table and
-        ``rid`` is answered. A reload asked for meanwhile is folded in: its catalogue,
-        read later, wins, and both are answered together."""
-        names = set(restart)
-        self.changes.fold(rid, names, models)
-        for name in sorted(names):
-            m = self.table.get(name)
-            if m is not None:
-                self.children.stop(m, StopCause(StopReason.RELOAD), now)
+    def reload(self, rid: int, models: Iterable[ModelConfig], now: float) -> list[Effect]:
+        """A reload (§6.9): loads wait, the running models that ``models`` drops or whose
+        `RestartKey` changed are stopped, and once none of them runs ``models`` becomes the
+        table and ``rid`` is answered. A reload asked for meanwhile is folded in: its
+        catalogue, read later, wins, and both are answered together."""
+        models = tuple(models)
+        fresh = {c.name: c for c in models}
+        restart = [
+            m
+            for m in self.table
+            if m.is_running
+            and ((c := fresh.get(m.name)) is None or c.restart_key.restarts(m.config.restart_key))
+        ]
+        self.changes.fold(rid, (m.name for m in restart), models)
+        for m in sorted(restart, key=lambda m: m.name):
+            self.children.stop(m, StopCause(StopReason.RELOAD), now)
         self._settle(now)
         return self._flush()
 

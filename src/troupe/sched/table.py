@@ -16,7 +16,23 @@ from troupe.sched.phase import TRANSITIONS, IllegalTransition, Phase
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.status import Status
 
-__all__ = ["ModelConfig", "ModelState", "ModelTable", "ModelView", "Snapshot"]
+__all__ = ["ModelConfig", "ModelState", "ModelTable", "ModelView", "RestartKey", "Snapshot"]
+
+
+@attrs.frozen
+class RestartKey:
+    """What a reload compares to tell whether a running model's child must start again
+    (upstream's ``load_models``, reload branch): a digest of its preset as compared (host,
+    port, alias, log colours and troupe's own keys left out), and whether that preset
+    restarts it at every reload (a reserved option written into its section: upstream
+    compares the running side without it and the fresh side with it)."""
+
+    digest: str = ""
+    always: bool = False
+
+    def restarts(self, running: RestartKey) -> bool:
+        """Whether a child started under ``running`` must start again under this key."""
+        return self.always or self.digest != running.digest
 
 
 @attrs.frozen
@@ -29,6 +45,7 @@ class ModelConfig:
     fingerprint: str = ""  # identity of its command line (memory observations are per it)
     need: Mapping[str, int] | None = None  # bytes per device to load it; None: unknown
     cpu: CpuRequest | None = None  # its own CPU flags (then troupe leaves its CPUs as given)
+    restart_key: RestartKey = RestartKey()  # a reload restarts it when this changes
 
 
 @attrs.define

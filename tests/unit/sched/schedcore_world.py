@@ -27,6 +27,7 @@ from troupe.sched import (
     Phase,
     Prefetch,
     Reply,
+    RestartKey,
     SampleMemory,
     SchedulerCore,
     Spawn,
@@ -104,6 +105,8 @@ class World:
         self.clean = True
 
         self.configs: dict[str, ModelConfig] = {}
+        self.table_keys: dict[str, RestartKey] = {}  # each model's key in the core's table
+        self.key_version = 0
         self.kept: dict[str, tuple[int, float]] = {}  # a request's keep_alive: (gen, seconds)
         self.names: list[str] = []
         self.models_max = 0
@@ -224,6 +227,7 @@ class World:
                 self.replanning.discard(name)  # and calls off a start on a narrower lane
         self.reloading = False
         self.restart = set()
+        self.table_keys = {n: c.restart_key for n, c in self.configs.items()}
 
     def check_claims(self, loads_done: list[str]) -> None:
         """A Spawn that no POST /models/load answered came from the queue: only the first

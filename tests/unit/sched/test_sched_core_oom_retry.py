@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from schedcore_kit import Bench, answered, reply_to, spawns, stops
 
-from troupe.sched import ModelConfig, Spawn, Stop
+from troupe.sched import ModelConfig, RestartKey, Spawn, Stop
 from troupe.sched.effects import Reloaded
 from troupe.sched.reasons import StopCause, StopReason
 
@@ -48,8 +48,8 @@ def test_oom_retry_waits_for_a_reload_to_finish() -> None:
     b = Bench(["a", "b"])
     _oom_while_b_idle(b)
     rid = b.rid()
-    configs = [ModelConfig(n) for n in ("a", "b")]
-    assert spawns(b._seen(b.core.reload(rid, ["b"], configs, b.tick()))) == []
+    configs = [ModelConfig("a"), ModelConfig("b", restart_key=RestartKey("b changed"))]
+    assert spawns(b._seen(b.core.reload(rid, configs, b.tick()))) == []
     out = b.core.exited("b", b.gen["b"], 0, b.tick(), expected=True)
     # The reload waited for b; only then, with the new catalogue in, is a tried again.
     assert [e for e in out if isinstance(e, Reloaded | Spawn)] == [

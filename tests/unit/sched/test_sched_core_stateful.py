@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -40,6 +41,7 @@ from troupe.sched import (
     Grant,
     ModelConfig,
     Phase,
+    RestartKey,
     SchedulerCore,
     Spawn,
     Status,
@@ -92,6 +94,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             for i, name in enumerate(NAMES[:n])
         ]
         self.configs = {c.name: c for c in configs}
+        self.table_keys = {c.name: c.restart_key for c in configs}  # the running children's
         self.names = [c.name for c in configs]
         self.models_max = models_max
         self.fake_timing = fake_timing
@@ -367,18 +370,29 @@ class SchedulerMachine(World, RuleBasedStateMachine):
     # ----- catalogue reload (§6.9) ---------------------------------------------------------
 
     @precondition(lambda self: self.core is not None)
-    @rule(restart=st.lists(st.integers(0, 4), max_size=2))
-    def reload(self, restart: list[int]) -> None:
-        """A reload: the models whose preset changed are stopped; once they are gone the
-        same catalogue comes back and loads held meanwhile go on. A reload asked for
-        while one is under way is folded into it."""
+    @rule(restart=st.lists(st.integers(0, 4), max_size=2), always=st.booleans())
+    def reload(self, restart: list[int], always: bool) -> None:
+        """A reload: the running models whose preset changed (their restart key; or one
+        that restarts at every reload) are stopped; once they are gone the catalogue comes
+        back and loads held meanwhile go on. A reload asked for while one is under way is
+        folded into it (compared with the table's catalogue: the one before both)."""
         assert self.core is not None
-        names = sorted({self.names[i % len(self.names)] for i in restart})
+        edited = {self.names[i % len(self.names)] for i in restart}
+        self.key_version += 1
+        for name in edited:  # always: a reserved option written into its section
+            key = RestartKey(f"v{self.key_version}", always=always)
+            self.configs[name] = attrs.evolve(self.configs[name], restart_key=key)
+        names = {
+            n
+            for n in self.names
+            if self.configs[n].restart_key.always
+            or self.configs[n].restart_key.digest != self.table_keys[n].digest
+        }
         to_stop = {n for n in names if n in self.children and self.children[n].stop is None}
         rid = self.ask("reload", "*")
         self.reloading = True
-        self.restart |= set(names)
-        self.step(self.core.reload(rid, names, list(self.configs.values()), self.tick()))
+        self.restart |= names
+        self.step(self.core.reload(rid, list(self.configs.values()), self.tick()))
         # (an eviction that time made possible may come with it: check_stops checks those)
         assert {
             s.model for s in self.of_type(Stop) if s.cause == StopCause(StopReason.RELOAD)
