@@ -1,12 +1,12 @@
 """Every router setting, declared once: flag, environment name, config-file key, parser,
 default and help text.
 
-A new setting is one `Setting` below (and its field in `RouterSettings`). From this table
-come the option tables that split troupe's flags from llama-server's
-(``troupe.settings.router``), the config file's keys and their types
-(``troupe.settings.config_file``), ``troupe serve --help`` (``troupe.cli_help``) and the
-settings table in README.md (`reference_table`); ``tests/unit/test_settings_table.py``
-checks that each setting reaches all of them.
+A new setting is one `Setting` below, listed in `SETTINGS` at its place in ``--help``,
+and its field in `RouterSettings`, read in ``build_settings``. From this table come the
+option tables that split troupe's flags from llama-server's (``troupe.settings.router``),
+the config file's keys and their types (``troupe.settings.config_file``), ``troupe serve
+--help`` (``troupe.cli_help``) and the settings table in README.md (`reference_table`);
+``tests/unit/test_settings_table.py`` checks that each setting reaches all of them.
 
 Two kinds: llama-server's router flags (``own=False``: the engine's own ``--help`` is
 authoritative for their spellings; they also stay in the base preset forwarded to
