@@ -1,11 +1,11 @@
 """The access record of one proxied request, begun as it arrives and ended once.
 
-`begin` makes the `AccessRecord` (arrival time, client, route); the request path fills
-in its model, waits and failure; `finish` adds the relay's figures (status, first byte,
-first event, bytes, and the child's usage and timings from the answer's tail) and
-hands it to the router's `RequestLog`. `recorded` gives a router-local route its
-record (kind "local"); a realtime session gets one at its end (kind "realtime").
-"""
+`begin` makes the `AccessRecord` (arrival time, client, route); the request's lease
+(`troupe.lease.Lease`) fills in its model, waits and failure; `finish` adds the relay's
+figures (status, first byte, first event, bytes, and the child's usage and timings from
+the answer's tail) and hands it to the router's `RequestLog`. `recorded` gives a
+router-local route its record (kind "local"); a realtime session gets one at its end
+(kind "realtime")."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from troupe.ops.access import AccessRecord, read_usage
 from troupe.ops.metrics import route_label
 from troupe.proxy.relay import RelayReport
 from troupe.router import Router
-from troupe.sched import Grant
 
 __all__ = [
     "CLIENT_CLOSED",
@@ -33,7 +32,6 @@ __all__ = [
     "begin",
     "finish",
     "finish_realtime",
-    "note_wait",
     "realtime_record",
     "recorded",
     "refused_record",
@@ -55,18 +53,6 @@ def begin(ctx: Router, ex: Exchange, conversation: str = "") -> tuple[AccessReco
         tenant=tenant_of(ctx.settings, ex.request.key_name),
     )
     return rec, trio.current_time()
-
-
-def note_wait(ctx: Router, rec: AccessRecord, waited: float, grant: Grant | None) -> None:
-    """Split a wait for the model into its queue part and its load part: a grant that
-    waited for a load spent the model's last load time (spawn to ready) loading."""
-    if grant is not None and grant.waited:
-        view = ctx.scheduler.snapshot.models.get(grant.model)
-        load = view.last_load_seconds if view is not None else None
-        load = min(waited, load) if load is not None else waited
-        rec.load_wait, rec.queue_wait = load, max(0.0, waited - load)
-    else:
-        rec.queue_wait, rec.load_wait = waited, 0.0
 
 
 def finish(

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from urllib.parse import quote
 
 import trio
 
 from troupe.actors.scheduler import ModelUnavailable
-from troupe.catalog import ModelEntry
 from troupe.conversations import child_id
 from troupe.http import access
 from troupe.http.body_model import BadBody, model_from_body
@@ -19,66 +17,15 @@ from troupe.http.errors import error_body
 from troupe.http.keys import tenant_of
 from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
-from troupe.kvstore import Hold, cached_held, tokens_held
-from troupe.ops.access import AccessRecord
+from troupe.kvstore import cached_held, tokens_held
+from troupe.lease import NO_SLOT, Lease, autoload_flag
 from troupe.proxy.relay import ChildLost, RelayReport
 from troupe.router import Router
-from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant, Snapshot, Status
+from troupe.sched import Snapshot, Status
 
-__all__ = [
-    "acquire_within",
-    "autoload_flag",
-    "handle_proxy_get",
-    "handle_proxy_post",
-    "handle_stream_get",
-    "validate_model",
-]
+__all__ = ["handle_proxy_get", "handle_proxy_post", "handle_stream_get"]
 
 log = logging.getLogger("troupe.http")
-
-
-def autoload_flag(params: Mapping[str, str], default: bool) -> bool:
-    """``?autoload=``: empty means the server setting; else true only for "true" or "1"."""
-    value = params.get("autoload", "")
-    return default if value == "" else value in ("true", "1")
-
-
-def validate_model(ctx: Router, name: str, autoload: bool) -> ModelEntry | Failure:
-    """upstream ``router_validate_model``: missing, unknown, or not loaded without autoload."""
-    if not name:
-        return Failure.bad_request("model name is missing from the request")
-    entry = ctx.catalog.resolve(name)
-    if entry is None:
-        return Failure.bad_request(f"model '{name}' not found")
-    rejected = ctx.rejection(entry)
-    if rejected:
-        return Failure.bad_request(f"model '{entry.name}' cannot be served: {rejected}")
-    if not autoload:
-        view = ctx.scheduler.snapshot.models.get(entry.name)
-        if view is None or not view.status.is_running:
-            return Failure.bad_request("model is not loaded")
-    return entry
-
-
-async def acquire_within(
-    ctx: Router, model: str, *, autoload: bool, update_last_used: bool
-) -> tuple[int, Grant]:
-    """`Scheduler.acquire` bounded by ``--queue-timeout``: a wait that lasts longer
-    leaves the queue and fails with a clear 503."""
-    timeout = ctx.settings.queue_timeout
-    if timeout is None:
-        return await ctx.scheduler.acquire(
-            model, autoload=autoload, update_last_used=update_last_used
-        )
-    with trio.move_on_after(timeout):
-        return await ctx.scheduler.acquire(
-            model, autoload=autoload, update_last_used=update_last_used
-        )
-    view = ctx.scheduler.snapshot.models.get(model)
-    state = f" (it is {view.status})" if view is not None else ""
-    raise ModelUnavailable(
-        Failure.unavailable(f"timed out after {timeout:g} s waiting for model {model}{state}")
-    )
 
 
 def _crash_detail(ctx: Router, model: str) -> Callable[[], Awaitable[str | None]]:
@@ -124,120 +71,50 @@ async def _serve(
     rec, started = access.begin(ctx, ex, conv_id)
     rec.model = name
     report = RelayReport()
+    held = Lease(
+        ctx, name, autoload=autoload_flag(ex.params, ctx.settings.models_autoload),
+        update_last_used=update_last_used, tenant=rec.tenant, conversation=conv_id,
+        stoppable=True, record=rec,
+    )  # fmt: skip
     gone = False
     try:
-        autoload = autoload_flag(ex.params, ctx.settings.models_autoload)
-        checked = validate_model(ctx, name, autoload)
-        if isinstance(checked, Failure):
-            rec.error = checked.message
-            await send_failure(ex, checked)
+        failure = held.check()
+        if failure is not None:  # answered before the client is watched
+            await send_failure(ex, failure)
             return
-        rec.model, rec.catalogued = checked.name, True
 
         async def work() -> None:
-            await _lease_and_relay(
-                ctx, ex, checked, autoload, update_last_used, conv_id, rec, report
-            )
+            try:
+                async with held:
+                    await _relay(ctx, ex, held, report)
+            except ModelUnavailable as exc:  # (the lease set the record's error)
+                await send_failure(ex, exc.failure)
 
         gone = await _guarded(ex, work)
     finally:
         access.finish(ctx, ex, rec, started, report, client_left=gone)
 
 
-async def _lease_and_relay(
-    ctx: Router,
-    ex: Exchange,
-    entry: ModelEntry,
-    autoload: bool,
-    update_last_used: bool,
-    conv_id: str,
-    rec: AccessRecord,
-    report: RelayReport,
-) -> None:
-    scheduler = ctx.scheduler
-    tracker = ctx.conversations
-    asked = trio.current_time()
-    granted: Grant | None = None
-    # Registered before the wait, so a stop issued while the model loads can cancel it.
-    owner = tenant_of(ctx.settings, ex.request.key_name)
-    ticket = tracker.remember(conv_id, entry.name, owner=owner) if conv_id else 0
-    outcome = "cancelled"  # a wait that ends in neither a grant nor a failure
-    refused: Failure | None = None
-    try:
-        # A conversation's wait ignores the client going away (a page reload must not
-        # cancel the load); only a stop of the conversation cancels it (§6.6).
-        if ticket:
-            with trio.CancelScope(shield=True) as wait_scope:
-                tracker.attach(conv_id, ticket, wait_scope, owner=owner)
-                rid, grant = await acquire_within(
-                    ctx, entry.name, autoload=autoload, update_last_used=update_last_used
-                )
-                granted = grant
-        else:
-            rid, grant = await acquire_within(
-                ctx, entry.name, autoload=autoload, update_last_used=update_last_used
-            )
-            granted = grant
-    except ModelUnavailable as exc:
-        outcome, refused = "failed", exc.failure
-    except Exception:
-        outcome = "failed"
-        raise
-    finally:
-        if ticket:
-            tracker.detach(conv_id, ticket, owner=owner)
-        # One clock read for the wait's histogram and the access record.
-        waited = trio.current_time() - asked
-        ctx.metrics.observe_queue_wait(
-            entry.name, "granted" if granted is not None else outcome, waited
+async def _relay(ctx: Router, ex: Exchange, held: Lease, report: RelayReport) -> None:
+    grant = held.grant
+    kv = ctx.kv if ex.method == "POST" else None  # the KV store steers POST bodies
+    if kv is not None and kv.refuses(grant.model, ex.path):
+        # The engine's own words, as a child without a slot path answers.
+        message = "This server does not support slots action. Start it with `--slot-save-path`"
+        await ex.respond(501, error_body(message, "not_supported_error"))
+        return
+    async with NO_SLOT if kv is None else held.slot(ex.path, ex.body) as hold:
+        await ctx.relay.relay(
+            ex,
+            child=grant,
+            body=ex.body if hold is None else hold.body,
+            detached=held.stoppable and bool(held.conversation) and grant.waited,
+            crash_detail=_crash_detail(ctx, grant.model),
+            report=report,
         )
-        access.note_wait(ctx, rec, waited, granted)
-    if refused is not None:
-        rec.error = refused.message
-        await send_failure(ex, refused)
-        return
-    if ticket and (wait_scope.cancelled_caught or not tracker.alive(conv_id, ticket, owner=owner)):
-        if not wait_scope.cancelled_caught:
-            await scheduler.release(rid)
-        msg = "request cancelled by a stop while the model was loading"
-        rec.error = msg
-        await send_failure(ex, Failure.bad_request(msg))
-        return
-    try:
-        if ctx.fake_timing:
-            await trio.sleep(FAKE_TIMING_DELAY)  # counted busy meanwhile, like upstream
-        body = ex.body
-        if ctx.kv is not None and ex.method == "POST" and ctx.kv.refuses(grant.model, ex.path):
-            # The engine's own words, as a child without a slot path answers.
-            message = "This server does not support slots action. Start it with `--slot-save-path`"
-            await ex.respond(501, error_body(message, "not_supported_error"))
-            return
-        async with contextlib.AsyncExitStack() as stack:
-            hold: Hold | None = None
-            if ctx.kv is not None and ex.method == "POST":
-                # Held on a slot of this child while it is relayed: its conversation's,
-                # or one whose conversation the store saved first, with this one's
-                # stored entry restored into it (bounded; any trouble leaves it as it came).
-                # With several keys, only this key's conversations (`tenant_of`).
-                hold = await stack.enter_async_context(
-                    ctx.kv.steered(
-                        grant.model, grant.gen, grant.port, ex.path, body, conv_id, tenant=owner
-                    )
-                )
-                body = hold.body
-            await ctx.relay.relay(
-                ex,
-                child=grant,
-                body=body,
-                detached=bool(ticket) and grant.waited,
-                crash_detail=_crash_detail(ctx, grant.model),
-                report=report,
-            )
-            if hold is not None and hold.slot is not None:
-                hold.tokens = tokens_held(report.tail)  # what the slot holds now
-                hold.cached = cached_held(report.tail)  # what it reused (a restore's check)
-    finally:
-        await scheduler.release(rid)
+        if hold is not None and hold.slot is not None:
+            hold.tokens = tokens_held(report.tail)  # what the slot holds now
+            hold.cached = cached_held(report.tail)  # what it reused (a restore's check)
 
 
 async def handle_proxy_post(ctx: Router, ex: Exchange) -> None:

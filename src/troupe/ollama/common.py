@@ -1,10 +1,10 @@
 """What every Ollama route shares: its JSON body, its errors (``{"error": "..."}``
 with Ollama's status codes), the model a request names, and the lease.
 
-The lease is the OpenAI routes' own: the same validation (`validate_model`: rejected
-models, ``?autoload=``), the same queue bounded by ``--queue-timeout``
-(`acquire_within`), the same queue-wait metric; ``keep_alive`` goes to the scheduler
-as soon as the lease is held, so the release that follows applies it.
+The lease is the OpenAI routes' own (`troupe.lease.Lease`): the same validation
+(rejected models, ``?autoload=``), the same queue bounded by ``--queue-timeout``, the
+same queue-wait metric; ``keep_alive`` goes to the scheduler as soon as the lease is
+held, so the release that follows applies it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -21,15 +20,15 @@ import trio
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.api import dumps
 from troupe.catalog import ModelEntry
-from troupe.http.access import begin, finish, note_wait
-from troupe.http.proxy_routes import acquire_within, autoload_flag, validate_model
+from troupe.http.access import begin, finish
 from troupe.http.respond import retry_after
 from troupe.http.server.exchange import Exchange
+from troupe.lease import Lease, autoload_flag
 from troupe.ollama.keepalive import BadKeepAlive, parse_keep_alive
 from troupe.ollama.names import resolve
 from troupe.ops.access import AccessRecord
 from troupe.router import Router
-from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant
+from troupe.sched import Failure, Grant
 
 __all__ = [
     "NDJSON",
@@ -109,14 +108,22 @@ async def lease(
     work: Leased,
     tokens: Callable[[AccessRecord], None] | None = None,
 ) -> None:
-    """Hold ``entry``'s child for ``work``, exactly as a proxied OpenAI request does;
-    refusals are Ollama's errors with the scheduler's status. The request gets its
-    access record like a proxied one (``tokens`` adds what the answer counted)."""
+    """Hold ``entry``'s child for ``work``, exactly as a proxied OpenAI request does
+    (`troupe.lease.Lease`); refusals are Ollama's errors with the scheduler's status.
+    The request gets its access record like a proxied one (``tokens`` adds what the
+    answer counted)."""
     rec, began = begin(ctx, ex)
     rec.model, rec.catalogued = entry.name, True
     left = False
     try:
-        await _leased(ctx, ex, entry, keep_alive, work, rec)
+        autoload = autoload_flag(ex.params, ctx.settings.models_autoload)
+        held = Lease(ctx, entry.name, autoload=autoload, keep_alive=keep_alive, record=rec)
+        try:
+            async with held:
+                await work(held.grant, held.waited)
+        except ModelUnavailable as exc:  # (the lease set the record's error)
+            failure = exc.failure
+            await send_error(ex, failure.status, failure.message, failure)
     except trio.Cancelled:
         left = True  # the client went away (its handler is cancelled)
         raise
@@ -124,46 +131,6 @@ async def lease(
         if tokens is not None:
             tokens(rec)
         finish(ctx, ex, rec, began, None, client_left=left)
-
-
-async def _leased(
-    ctx: Router,
-    ex: Exchange,
-    entry: ModelEntry,
-    keep_alive: float | None,
-    work: Leased,
-    rec: AccessRecord,
-) -> None:
-    autoload = autoload_flag(ex.params, ctx.settings.models_autoload)
-    checked = validate_model(ctx, entry.name, autoload)
-    if isinstance(checked, Failure):
-        rec.error = checked.message
-        await send_error(ex, checked.status, checked.message, checked)
-        return
-    started = time.monotonic()
-    try:
-        with ctx.metrics.time_queue_wait(entry.name):
-            rid, grant = await acquire_within(
-                ctx, entry.name, autoload=autoload, update_last_used=True
-            )
-    except ModelUnavailable as exc:
-        failure = exc.failure
-        rec.error = failure.message
-        note_wait(ctx, rec, time.monotonic() - started, None)
-        await send_error(ex, failure.status, failure.message, failure)
-        return
-    note_wait(ctx, rec, time.monotonic() - started, grant)
-    try:
-        if keep_alive is not None:
-            # Set while the lease is held (no TTL runs while a request is in flight), so
-            # the release applies it; in effect before the answer, so a client that asks
-            # /api/ps right after sees it.
-            await ctx.scheduler.keep_alive(grant.model, grant.gen, keep_alive)
-        if ctx.fake_timing:
-            await trio.sleep(FAKE_TIMING_DELAY)  # counted busy meanwhile, like upstream
-        await work(grant, time.monotonic() - started)
-    finally:
-        await ctx.scheduler.release(rid)
 
 
 def describe_keep_alive(seconds: float) -> str:

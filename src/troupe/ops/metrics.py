@@ -10,9 +10,8 @@ a fresh memory reading (`troupe.ops.state`), so they never go stale between even
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -212,24 +211,9 @@ class RouterMetrics:
 
     # ----- the request path --------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def time_queue_wait(self, model: str) -> Iterator[None]:
-        """Around a request's wait for its model (a lease's acquire)."""
-        started = self._clock()
-        outcome = "granted"
-        try:
-            yield
-        except trio.Cancelled:
-            outcome = "cancelled"
-            raise
-        except BaseException:
-            outcome = "failed"
-            raise
-        finally:
-            self.queue_wait.child(model, outcome).observe(max(0.0, self._clock() - started))
-
     def observe_queue_wait(self, model: str, outcome: str, waited: float) -> None:
-        """A request's wait for its model ended (granted, failed or cancelled)."""
+        """A request's wait for its model ended (granted, failed or cancelled:
+        `troupe.lease.Lease`)."""
         self.queue_wait.child(model, outcome).observe(max(0.0, waited))
 
     def observe_relay(

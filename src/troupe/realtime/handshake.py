@@ -22,8 +22,8 @@ from troupe.http import access
 from troupe.http.errors import NOT_FOUND_BODY, failure_body, middleware_error_body
 from troupe.http.keys import ring_for, tenant_of
 from troupe.http.models_json import architecture_of
-from troupe.http.proxy_routes import autoload_flag, validate_model
 from troupe.http.respond import retry_after
+from troupe.lease import autoload_flag, validate_model
 from troupe.ops.access import AccessRecord
 from troupe.realtime.config import SessionConfig
 from troupe.realtime.events import RealtimeError

@@ -1,25 +1,22 @@
 """One request to the session's model: leased for its length, sent over the one transport.
 
 The lease is taken per request (a response, a transcription), never per connection,
-and bounded by ``--queue-timeout`` like an HTTP request's wait. The bytes go through
-the relay's pool (keyed by the child's generation); closing an unfinished answer
-stops the child's generation at once.
+through the same pipeline as an HTTP request's (`troupe.lease.Lease`: bounded by
+``--queue-timeout``, counted in the queue-wait metric, the KV store's slot). The bytes
+go through the relay's pool (keyed by the child's generation); closing an unfinished
+answer stops the child's generation at once.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 from collections.abc import Awaitable, Callable
 
 import trio
 
-from troupe.actors.scheduler import ModelUnavailable
-from troupe.kvstore import Hold
+from troupe.lease import Lease
 from troupe.proxy.upstream import UpstreamResponse
 from troupe.realtime.events import new_id
 from troupe.router import Router
-from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant
 
 __all__ = ["ChildCall"]
 
@@ -54,31 +51,21 @@ class ChildCall:
 
         Raises `ModelUnavailable` (upstream's error) or `UpstreamError`.
         """
-
-        async def work(grant: Grant) -> None:
-            if self.ctx.fake_timing:
-                await trio.sleep(FAKE_TIMING_DELAY)  # counted busy meanwhile, like upstream
+        ctx = self.ctx
+        lease = Lease(
+            ctx, self.model, autoload=self.autoload, tenant=self.tenant,
+            conversation=self.conversation, validate=False,  # (validated at the handshake)
+        )  # fmt: skip
+        async with lease:
+            grant = lease.grant
             headers = [
                 (b"host", f"127.0.0.1:{grant.port}".encode()),
                 (b"content-type", content_type.encode()),
                 *self._auth,
             ]
-            async with contextlib.AsyncExitStack() as stack:
-                hold: Hold | None = None
-                if self.ctx.kv is not None:
-                    hold = await stack.enter_async_context(
-                        self.ctx.kv.steered(
-                            grant.model,
-                            grant.gen,
-                            grant.port,
-                            target,
-                            body,
-                            self.conversation,
-                            tenant=self.tenant,
-                        )
-                    )
+            async with lease.slot(target, body) as hold:
                 sent = body if hold is None else hold.body
-                upstream = await self.ctx.relay.pool.request(grant, "POST", target, headers, sent)
+                upstream = await ctx.relay.pool.request(grant, "POST", target, headers, sent)
                 try:
                     await handle(upstream)
                     if hold is not None and held is not None:
@@ -86,21 +73,3 @@ class ChildCall:
                 finally:
                     with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
                         await upstream.aclose()
-
-        await self._leased(work)
-
-    async def _leased(self, work: Callable[[Grant], Awaitable[None]]) -> None:
-        ctx, model = self.ctx, self.model
-        timeout = ctx.settings.queue_timeout
-        with trio.move_on_after(math.inf if timeout is None else timeout) as waiting:
-            async with ctx.scheduler.lease(
-                model, autoload=self.autoload, update_last_used=True
-            ) as grant:
-                waiting.deadline = math.inf  # only the wait is bounded, not the answer
-                await work(grant)
-                return
-        view = ctx.scheduler.snapshot.models.get(model)
-        state = f" (it is {view.status})" if view is not None else ""
-        raise ModelUnavailable(
-            Failure.unavailable(f"timed out after {timeout:g} s waiting for model {model}{state}")
-        )

@@ -1,0 +1,289 @@
+"""One request's lease on its model's child: the request policy every front door shares.
+
+The OpenAI routes (`troupe.http.proxy_routes`), Ollama's (`troupe.ollama.common`) and a
+realtime session's responses (`troupe.realtime.lease`) all hold a child this way::
+
+    async with Lease(ctx, name, autoload=autoload, ...) as held:
+        async with held.slot(path, body) as hold:  # the KV store's slot (None: no store)
+            ...  # send to held.grant
+
+In this order, each written here once:
+
+1. the model is validated (`validate_model`: missing, unknown, rejected, not loaded
+   without ``?autoload``; `autoload_flag` reads the query);
+2. a conversation a stop may cancel (``stoppable``) gets its ticket, and its wait is
+   shielded from the client (a page reload must not cancel the load), cancelled only by
+   a stop of the conversation;
+3. the wait is bounded by ``--queue-timeout`` (`acquire_within`);
+4. the wait is counted: the queue-wait histogram and the access record's queue and load
+   parts (`note_wait`);
+5. ``keep_alive`` (Ollama's) goes to the scheduler while the lease is held, so the
+   release that follows applies it;
+6. ``--fake-timing``'s delay (the child counted busy meanwhile, like upstream);
+7. the KV store's slot (`Lease.slot`), held while the child answers;
+8. the release, shielded, whatever ends the block.
+
+A refusal raises `ModelUnavailable` with upstream's failure (and sets the access
+record's error); each door keeps only its translation: llama.cpp's JSON error on the
+OpenAI routes, Ollama's ``{"error": ...}`` on /api/*, a realtime ``error`` event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, NoReturn
+
+import trio
+
+from troupe.actors.scheduler import ModelUnavailable
+from troupe.catalog import ModelEntry
+from troupe.kvstore import Hold
+from troupe.ops.access import AccessRecord
+from troupe.router import Router
+from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant
+
+__all__ = [
+    "NO_SLOT",
+    "Lease",
+    "acquire_within",
+    "autoload_flag",
+    "note_wait",
+    "validate_model",
+]
+
+STOPPED = "request cancelled by a stop while the model was loading"
+
+# The slot of a request the KV store does not hold (no store, or not a POST): reusable,
+# so such a request allocates nothing for it.
+NO_SLOT: AbstractAsyncContextManager[Hold | None] = contextlib.nullcontext(None)
+
+
+def autoload_flag(params: Mapping[str, str], default: bool) -> bool:
+    """``?autoload=``: empty means the server setting; else true only for "true" or "1"."""
+    value = params.get("autoload", "")
+    return default if value == "" else value in ("true", "1")
+
+
+def validate_model(ctx: Router, name: str, autoload: bool) -> ModelEntry | Failure:
+    """upstream ``router_validate_model``: missing, unknown, or not loaded without autoload."""
+    if not name:
+        return Failure.bad_request("model name is missing from the request")
+    entry = ctx.catalog.resolve(name)
+    if entry is None:
+        return Failure.bad_request(f"model '{name}' not found")
+    rejected = ctx.rejection(entry)
+    if rejected:
+        return Failure.bad_request(f"model '{entry.name}' cannot be served: {rejected}")
+    if not autoload:
+        view = ctx.scheduler.snapshot.models.get(entry.name)
+        if view is None or not view.status.is_running:
+            return Failure.bad_request("model is not loaded")
+    return entry
+
+
+async def acquire_within(
+    ctx: Router, model: str, *, autoload: bool, update_last_used: bool
+) -> tuple[int, Grant]:
+    """`Scheduler.acquire` bounded by ``--queue-timeout``: a wait that lasts longer
+    leaves the queue and fails with a clear 503."""
+    timeout = ctx.settings.queue_timeout
+    if timeout is None:
+        return await ctx.scheduler.acquire(
+            model, autoload=autoload, update_last_used=update_last_used
+        )
+    with trio.move_on_after(timeout):
+        return await ctx.scheduler.acquire(
+            model, autoload=autoload, update_last_used=update_last_used
+        )
+    view = ctx.scheduler.snapshot.models.get(model)
+    state = f" (it is {view.status})" if view is not None else ""
+    raise ModelUnavailable(
+        Failure.unavailable(f"timed out after {timeout:g} s waiting for model {model}{state}")
+    )
+
+
+def note_wait(ctx: Router, rec: AccessRecord, waited: float, grant: Grant | None) -> None:
+    """Split a wait for the model into its queue part and its load part: a grant that
+    waited for a load spent the model's last load time (spawn to ready) loading."""
+    if grant is not None and grant.waited:
+        view = ctx.scheduler.snapshot.models.get(grant.model)
+        load = view.last_load_seconds if view is not None else None
+        load = min(waited, load) if load is not None else waited
+        rec.load_wait, rec.queue_wait = load, max(0.0, waited - load)
+    else:
+        rec.queue_wait, rec.load_wait = waited, 0.0
+
+
+class Lease:
+    """``async with Lease(...) as held``: ``held.grant`` is the child, held until the
+    block exits (see the module's docstring for what entering does, in order).
+
+    ``model``: the name the request gives (validated and resolved unless ``validate``
+    is False: a realtime session's model was validated at its handshake).
+    ``tenant``: whose request it is (`troupe.http.keys.tenant_of`); ``conversation``:
+    its conversation id (the KV store's slot, and with ``stoppable`` its ticket).
+    ``record``: the access record to fill in (model, waits, refusal).
+    """
+
+    __slots__ = (
+        "_rid",
+        "_validate",
+        "autoload",
+        "conversation",
+        "ctx",
+        "grant",
+        "keep_alive",
+        "model",
+        "record",
+        "stoppable",
+        "tenant",
+        "update_last_used",
+        "waited",
+    )
+
+    def __init__(
+        self,
+        ctx: Router,
+        model: str,
+        *,
+        autoload: bool,
+        update_last_used: bool = True,
+        tenant: str = "",
+        conversation: str = "",
+        stoppable: bool = False,
+        keep_alive: float | None = None,
+        record: AccessRecord | None = None,
+        validate: bool = True,
+    ) -> None:
+        self.ctx = ctx
+        self.model = model
+        self.autoload = autoload
+        self.update_last_used = update_last_used
+        self.tenant = tenant
+        self.conversation = conversation
+        self.stoppable = stoppable
+        self.keep_alive = keep_alive
+        self.record = record
+        self._validate = validate
+        self.waited = 0.0  # seconds from asking to the grant (or the refusal)
+        self._rid = 0
+        self.grant: Grant
+
+    def check(self) -> Failure | None:
+        """Validate the model now (entering then does not again): the refusal, if any,
+        for a door that answers it before it watches the client."""
+        self._validate = False
+        checked = validate_model(self.ctx, self.model, self.autoload)
+        if isinstance(checked, Failure):
+            if self.record is not None:
+                self.record.error = checked.message
+            return checked
+        self.model = checked.name
+        if self.record is not None:
+            self.record.model, self.record.catalogued = checked.name, True
+        return None
+
+    async def __aenter__(self) -> Lease:
+        ctx = self.ctx
+        if self._validate and (failure := self.check()) is not None:
+            raise ModelUnavailable(failure)
+        rid, grant = await self._wait()
+        try:
+            if self.keep_alive is not None:
+                # Set while the lease is held (no TTL runs while a request is in flight),
+                # so the release applies it; in effect before the answer, so a client
+                # that asks /api/ps right after sees it.
+                await ctx.scheduler.keep_alive(grant.model, grant.gen, self.keep_alive)
+            if ctx.fake_timing:
+                await trio.sleep(FAKE_TIMING_DELAY)  # counted busy meanwhile, like upstream
+        except BaseException:
+            await ctx.scheduler.release(rid)
+            raise
+        self._rid, self.grant = rid, grant
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.ctx.scheduler.release(self._rid)
+
+    def slot(
+        self, path: str, body: bytes | dict[str, Any]
+    ) -> AbstractAsyncContextManager[Hold | None]:
+        """The KV store's slot of the child for this request, held inside the block
+        (`troupe.kvstore.KvService`): its conversation's, or one whose conversation the
+        store saved first, this one's stored entry restored into it (bounded; any trouble
+        leaves it as it came). With several keys, only this tenant's conversations.
+        ``body``: the client's bytes (the hold's ``body`` is what to send) or a parsed
+        request (`Hold.fields` is what to add). None: no KV store."""
+        kv = self.ctx.kv
+        if kv is None:
+            return NO_SLOT
+        grant = self.grant
+        if isinstance(body, bytes):
+            return kv.steered(
+                grant.model, grant.gen, grant.port, path, body, self.conversation,
+                tenant=self.tenant,
+            )  # fmt: skip
+        return kv.held(
+            grant.model, grant.gen, grant.port, path, body, self.conversation, tenant=self.tenant
+        )
+
+    async def _wait(self) -> tuple[int, Grant]:
+        ctx, model = self.ctx, self.model
+        tracker, conv, owner = ctx.conversations, self.conversation, self.tenant
+        asked = trio.current_time()
+        granted: Grant | None = None
+        # Registered before the wait, so a stop issued while the model loads can cancel it.
+        ticket = tracker.remember(conv, model, owner=owner) if self.stoppable and conv else 0
+        stopped = False
+        outcome = "cancelled"  # a wait that ends in neither a grant nor a failure
+        refused: Failure | None = None
+        try:
+            # A conversation's wait ignores the client going away (a page reload must not
+            # cancel the load); only a stop of the conversation cancels it (§6.6).
+            if ticket:
+                with trio.CancelScope(shield=True) as wait_scope:
+                    tracker.attach(conv, ticket, wait_scope, owner=owner)
+                    rid, granted = await acquire_within(
+                        ctx, model, autoload=self.autoload, update_last_used=self.update_last_used
+                    )
+                stopped = wait_scope.cancelled_caught
+            else:
+                rid, granted = await acquire_within(
+                    ctx, model, autoload=self.autoload, update_last_used=self.update_last_used
+                )
+        except ModelUnavailable as exc:
+            outcome, refused = "failed", exc.failure
+        except Exception:
+            outcome = "failed"
+            raise
+        finally:
+            if ticket:
+                tracker.detach(conv, ticket, owner=owner)
+            # One clock read for the wait's histogram and the access record.
+            waited = self.waited = trio.current_time() - asked
+            ctx.metrics.observe_queue_wait(
+                model, "granted" if granted is not None else outcome, waited
+            )
+            if self.record is not None:
+                note_wait(ctx, self.record, waited, granted)
+        if refused is not None:
+            self._refuse(refused)
+        if ticket and (stopped or not tracker.alive(conv, ticket, owner=owner)):
+            if not stopped:
+                await ctx.scheduler.release(rid)
+            self._refuse(Failure.bad_request(STOPPED))
+        assert granted is not None
+        return rid, granted
+
+    def _refuse(self, failure: Failure) -> NoReturn:
+        if self.record is not None:
+            self.record.error = failure.message
+        raise ModelUnavailable(failure)
