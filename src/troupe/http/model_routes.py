@@ -8,8 +8,6 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import trio
-
 from troupe import __version__
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.api import dumps
@@ -21,7 +19,6 @@ from troupe.http.models_json import models_list, settled_downloads
 from troupe.http.respond import local_body, send_error, send_failure, send_json, send_stream
 from troupe.http.server.exchange import Exchange
 from troupe.router import Router
-from troupe.sched import FAKE_TIMING_DELAY
 
 __all__ = [
     "disabled",
@@ -120,13 +117,7 @@ async def load(router: Router, ex: Exchange) -> None:
         message = f"model '{entry.name}' cannot be served: {rejected}"
         await send_error(ex, message, "invalid_request_error")
         return
-    view = scheduler.snapshot.models.get(entry.name)
-    if view is not None and view.status.is_running:
-        await send_error(ex, "model is already running", "invalid_request_error")
-        return
-    if router.fake_timing:
-        await trio.sleep(FAKE_TIMING_DELAY)
-    try:
+    try:  # the scheduler answers "model is already running" (and sleeps for fake timing)
         await scheduler.load(entry.name)
     except ModelUnavailable as exc:
         await send_failure(ex, exc.failure)

@@ -36,7 +36,7 @@ from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.reloads import CatalogueChanges
 from troupe.sched.requests import DirectLoad, Requests, Waiter
-from troupe.sched.settle import Limits, Settler
+from troupe.sched.settle import FAKE_TIMING_DELAY, Limits, Settler
 from troupe.sched.shutdown import Shutdown, queue_full
 from troupe.sched.status import Status
 from troupe.sched.table import ModelConfig, ModelTable, Snapshot
@@ -255,7 +255,9 @@ class SchedulerCore:
             # Settling takes upstream's path: spawn if a slot is free, else stop the LRU
             # model and wait for it to be gone (or answer "model limit reached"); it also
             # waits out a reload and, with memory admission, frees memory first.
-            self.requests.direct[rid] = DirectLoad(model, None)
+            # LLAMA_SERVER_DEBUG_FAKE_TIMING: upstream sleeps 2 s first (see `next_deadline`).
+            start = now + FAKE_TIMING_DELAY if self.limits.fake_timing else 0.0
+            self.requests.direct[rid] = DirectLoad(model, None, not_before=start)
             self._settle(now)
         return self._flush()
 
@@ -409,7 +411,8 @@ class SchedulerCore:
     # ----- time -------------------------------------------------------------------------
 
     def next_deadline(self) -> float | None:
-        """When `on_time` next has something to do (a TTL expiry, a drain); None if never."""
+        """When `on_time` next has something to do (a TTL expiry, a drain, a load waiting
+        out fake timing); None if never."""
         deadlines = [d for m in self.table if (d := ttl_expiry(m, self.queue)) is not None]
         drain = self.clock.deadline()
         if drain is not None:
@@ -418,6 +421,8 @@ class SchedulerCore:
             deadlines.append(due)
         if (widen := self.placement.widen_deadline(self._now)) is not None:
             deadlines.append(widen)
+        # (one already due, but after an event that did not settle: at once)
+        deadlines += [d.not_before for d in self.requests.direct.values() if d.not_before]
         return min(deadlines, default=None)
 
     def start(self, now: float) -> list[Effect]:

@@ -32,6 +32,9 @@ class DirectLoad:
     model: str
     victim: str | None
     victim_gen: int = 0  # the victim's child we wait for; a newer one is not ours to wait on
+    # LLAMA_SERVER_DEBUG_FAKE_TIMING: upstream's load() first sleeps 2 s (after the "model
+    # is already running" check), so this load does nothing before then.
+    not_before: float = 0.0
 
 
 @attrs.define

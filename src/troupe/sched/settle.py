@@ -266,12 +266,15 @@ class Settler:
         if not self._changes.reloading and self._queue.can_claim(name) and self.gate.admits(m, now):
             self._queue.claim(name)
             w.did_load = True
-            # Upstream's load() sleeps here under LLAMA_SERVER_DEBUG_FAKE_TIMING; the direct
-            # POST /models/load path sleeps in the HTTP handler instead.
+            # Upstream's load() sleeps here under LLAMA_SERVER_DEBUG_FAKE_TIMING (a direct
+            # POST /models/load waits it out before it picks a victim: `DirectLoad.not_before`).
             delay = FAKE_TIMING_DELAY if self.limits.fake_timing else 0.0
             self._children.spawn(m, now, delay=delay, cpu=self.placement.take(name))
 
     def _advance_direct(self, rid: int, d: DirectLoad, now: float) -> None:
+        if now < d.not_before:
+            return
+        d.not_before = 0.0  # slept out: `next_deadline` no longer wakes the core for it
         if self._changes.reloading:
             return
         table = self._table

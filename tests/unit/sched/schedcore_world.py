@@ -106,6 +106,8 @@ class World:
 
         self.configs: dict[str, ModelConfig] = {}
         self.table_keys: dict[str, RestartKey] = {}  # each model's key in the core's table
+        # POST /models/load rid -> its model, and when its fake-timing sleep ends
+        self.load_due: dict[int, tuple[str, float]] = {}
         self.key_version = 0
         self.kept: dict[str, tuple[int, float]] = {}  # a request's keep_alive: (gen, seconds)
         self.names: list[str] = []
@@ -478,6 +480,12 @@ class World:
             victim = pick_victim(core.table.models, core.queue, now=core.clock.demand_now(self.now))
             assert victim is None, f"{need} slots needed and {victim} is idle: {entries}"
         for rid, d in core.requests.direct.items():
+            due = self.load_due[rid][1] if rid in self.load_due else None
+            deadline = core.next_deadline()
+            if due is not None and deadline is not None and deadline <= due:
+                # It sleeps out LLAMA_SERVER_DEBUG_FAKE_TIMING (or has, and an event that
+                # settled nothing came first): the core wakes up for it, at once if due.
+                continue
             if core.changes.reloading:
                 continue  # upstream's load() waits for the reload to finish, too
             if d.victim is None and self.replan_under_way():
@@ -582,6 +590,16 @@ class World:
             return config.ttl
         return kept[1]
 
+    def loads_awake(self) -> set[str]:
+        """Models of the POST /models/load calls that have slept out fake timing (and
+        still wait, or were answered in this step)."""
+        answered = {r.to for r in self.of_type(Reply)}
+        return {
+            model
+            for rid, (model, due) in self.load_due.items()
+            if due <= self.now and (rid in self.waiting or rid in answered)
+        }
+
     def check_no_expired_ttl(self) -> None:
         assert self.core is not None
         deadline = self.core.next_deadline()
@@ -591,5 +609,9 @@ class World:
                 continue  # the drain timer ended a hold for a model still loading (lru.py)
             if s.cause == StopCause(StopReason.REPLAN):
                 continue  # a narrow child widened after idling (check_stops checks it)
+            if s.cause.reason in (StopReason.LRU, StopReason.REPLAN) and (
+                s.cause.for_model in self.loads_awake()
+            ):
+                continue  # a POST /models/load that slept out fake timing makes room
             assert s.cause == StopCause(StopReason.TTL), s
             assert self.ttl_of(s.model) is not None, s

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from schedcore_kit import Bench, Sse, answered, emits, failure_of, grant_of, reply_to, spawns, stops
 
-from troupe.sched import ModelConfig, Reply, Spawn, Status, Stop
+from troupe.sched import Failure, ModelConfig, Reply, Spawn, Status, Stop
 from troupe.sched.reasons import StopCause, StopReason
 
 # ----- TTL -----------------------------------------------------------------------------
@@ -244,17 +244,41 @@ def test_stop_all_status_is_unloaded_for_everything_at_the_end() -> None:
 # ----- LLAMA_SERVER_DEBUG_FAKE_TIMING ----------------------------------------------------
 
 
-def test_fake_timing_delays_queued_loads_only() -> None:
-    # Upstream's load() sleeps 2 s before spawning; the direct POST /models/load path
-    # does that sleep in the HTTP handler, so the core asks for no delay there.
+def test_fake_timing_delays_every_load() -> None:
+    # Upstream's load() sleeps 2 s before spawning: a queued load's Spawn carries it.
     b = Bench(fake_timing=True)
     out = b.acquire(b.rid(), "a")
     assert spawns(out) == [Spawn("a", 1, 2.0)]
     assert b.status("a") is Status.UNLOADED  # upstream is still asleep in load()
     assert emits(b.spawned("a")) == [Sse("a", "model_status", {"status": "loading"})]
     assert b.status("a") is Status.LOADING
-    out = b.load(b.rid(), "b")
+    # POST /models/load: "already running" is answered at once, before the sleep...
+    running = b.rid()
+    assert failure_of(b.load(running, "a"), running) == Failure.bad_request(
+        "model is already running"
+    )
+    # ...any other load waits it out in the core, then goes on (here: spawns at once).
+    rid = b.rid()
+    assert b.load(rid, "b") == []
+    due = b.now + 2.0
+    assert b.core.next_deadline() == due
+    assert b.on_time(due - 0.5) == []
+    out = b.on_time(due)
     assert spawns(out) == [Spawn("b", 1, 0.0)]
+    assert reply_to(out, rid) is None
+    assert b.core.next_deadline() is None
+
+
+def test_a_model_loaded_while_its_load_sleeps_out_fake_timing_is_a_success() -> None:
+    # Upstream: after the sleep, a model that is no longer unloaded is left as it is.
+    b = Bench(fake_timing=True)
+    rid = b.rid()
+    assert b.load(rid, "a") == []
+    due = b.now + 2.0
+    assert spawns(b.acquire(b.rid(), "a")) == [Spawn("a", 1, 2.0)]  # a request loads it
+    out = b.on_time(due)
+    assert spawns(out) == []
+    assert reply_to(out, rid) is None
 
 
 def test_stop_all_waits_for_a_delayed_spawn_to_be_called_off() -> None:

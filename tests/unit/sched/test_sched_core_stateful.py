@@ -117,7 +117,12 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         for name, on in zip(self.names, warm, strict=False):
             if on and (models_max <= 0 or len(self.children) < models_max):
                 rid = self.ask("load", name)
-                self.step(self.core.load(rid, name, self.tick()))
+                now = self.tick()
+                if fake_timing:  # upstream's load() sleeps 2 s first
+                    self.load_due[rid] = (name, now + 2.0)
+                self.step(self.core.load(rid, name, now))
+                if fake_timing:
+                    self.step(self.core.on_time(self.tick(2.0)))
                 if name not in self.children:  # it waits for a CPU lane: let it settle
                     self.settle_world()
                     continue
@@ -236,7 +241,10 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         if op == "load":
             if model in self.crashes and child is None:
                 self.crashes[model].clear()  # an explicit load lifts a crash-loop hold
-            self.step(self.core.load(rid, model, self.tick()))
+            now = self.tick()
+            if self.fake_timing:  # upstream's load() first sleeps 2 s
+                self.load_due[rid] = (model, now + 2.0)
+            self.step(self.core.load(rid, model, now))
             r = [x.result for x in self.replies_to(rid)]
             if self.closing:
                 assert r == [Failure.unavailable("server is shutting down")], r
@@ -246,6 +254,8 @@ class SchedulerMachine(World, RuleBasedStateMachine):
                 assert r == [Failure.bad_request("model is already running")]
             elif self.reloading:  # upstream's load() waits for the reload to finish
                 assert r == [], r
+            elif self.fake_timing:  # upstream's load() first sleeps 2 s: nothing yet
+                assert r == [], r  # (an earlier load awake by now may act: check_claims)
             elif r and r[0] is None:
                 spawned = [s.model for s in self.of_type(Spawn)]
                 if self.core.cpu is None:
@@ -273,6 +283,13 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             # Its stop frees cores: a wider child may be narrowed in the same step (a
             # re-plan, which check_stops checks); the unload's own stops are these.
             stops = [s for s in stops if s.cause.reason is not StopReason.REPLAN]
+        # A POST /models/load that has slept out fake timing meanwhile may evict for itself.
+        awake = self.loads_awake()
+        stops = [
+            s
+            for s in stops
+            if not (s.cause.reason is StopReason.LRU and s.cause.for_model in awake)
+        ]
         if model not in self.configs:
             assert r == [Failure.bad_request("model is not found")]
         elif child is None or not child.status.is_running:
