@@ -11,7 +11,7 @@ goes away cancels them.
 from __future__ import annotations
 
 from troupe.api import PROXY_GET_PATHS, PROXY_GET_WITH_MODEL, PROXY_POST_PATHS
-from troupe.http import activity_routes, dashboard, model_routes, ops_routes, streams
+from troupe.http import activity_routes, dashboard, model_routes, ops_routes, slot_routes, streams
 from troupe.http.access import recorded
 from troupe.http.proxy_routes import handle_proxy_get, handle_proxy_post, handle_stream_get
 from troupe.http.respond import watched
@@ -65,7 +65,9 @@ _ROUTER_OWN: dict[tuple[str, str], Handler] = {
 ROUTES = RouteTable(
     [
         *((("POST", path), handle_proxy_post) for path in PROXY_POST_PATHS),
-        *((("GET", path), handle_proxy_get) for path in PROXY_GET_PATHS),
+        *((("GET", path), handle_proxy_get) for path in PROXY_GET_PATHS - {"/slots"}),
+        # Several keys: each tenant sees only its own requests' slots.
+        (("GET", "/slots"), slot_routes.slots),
         *(
             (("GET", p), _child_with_model(recorded(_OWN_GET_WITH_MODEL[p])))
             for p in PROXY_GET_WITH_MODEL
