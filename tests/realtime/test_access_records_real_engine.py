@@ -113,6 +113,10 @@ async def test_one_record_per_realtime_session_at_its_end(
 
         ring = (await http.get("/troupe/requests", params={"model": "tiny"})).json()["data"]
         assert [(r["kind"], r["close_code"]) for r in ring] == [("realtime", 1000)]
+        # Each response's wait went through the one lease (`troupe.lease`): counted as
+        # an HTTP request's is.
+        metrics = (await http.get("/metrics")).text
+        assert 'troupe_queue_wait_seconds_count{model="tiny",outcome="granted"} 2.0' in metrics
 
     line = next(r for r in _access_lines(caplog) if r.kind == "realtime" and r.status == 101)
     assert "kind=realtime close=1000" in line.text()
