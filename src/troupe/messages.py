@@ -73,6 +73,7 @@ class KeepAlive:
     gen: int | None
     seconds: float  # idle seconds before it unloads; 0: once idle; inf: kept loaded
     reply: ReplyChannel
+    until_gone: bool = False  # answered once the child it makes go is gone
 
 
 @attrs.frozen

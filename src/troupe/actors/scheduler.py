@@ -262,6 +262,20 @@ class Scheduler:
         with trio.CancelScope(shield=True):  # it must not be lost with a client that left
             await self._ask(lambda rid, reply: KeepAlive(rid, model, gen, seconds, reply))
 
+    async def unload_once_idle(self, model: str) -> None:
+        """Ollama's ``keep_alive: 0`` with nothing to generate: ``model``'s child unloads as
+        soon as its requests end; returns once it is gone (at once when nothing runs or its
+        preset pins it: the scheduler decides). A caller that leaves calls nothing off."""
+        rid = next(self._ids)
+        send, recv = trio.open_memory_channel[Grant | Failure | None](1)
+        with trio.CancelScope(shield=True):  # it must not be lost with a client that left
+            await self._send.send(KeepAlive(rid, model, None, 0, send, until_gone=True))
+        try:
+            await recv.receive()
+        except BaseException:
+            await self.release(rid)  # no longer waited for; the unload goes on
+            raise
+
     async def load(self, model: str) -> None:
         """``POST /models/load``; raises `ModelUnavailable` with upstream's error."""
         await self._ask(lambda rid, reply: LoadModel(rid, model, reply))
@@ -349,8 +363,9 @@ class Scheduler:
                 return core.release(msg.rid, now)
             case KeepAlive():
                 expect(msg.rid, msg.reply)
-                effects = core.keep_alive(msg.model, msg.gen, msg.seconds, now)
-                return [*effects, Reply(msg.rid, None)]
+                return core.keep_alive(
+                    msg.model, msg.gen, msg.seconds, now, rid=msg.rid, until_gone=msg.until_gone
+                )
             case LoadModel():
                 expect(msg.rid, msg.reply)
                 return core.load(msg.rid, msg.model, now)

@@ -228,13 +228,8 @@ async def _load_or_unload(
         out["response"] = ""
     if keep_alive == 0:
         # Through the scheduler like any keep_alive: it unloads once the model's requests
-        # end (at once when idle); answered when it is gone.
-        await ctx.scheduler.keep_alive(entry.name, None, 0)
-        view = ctx.scheduler.snapshot.models.get(entry.name)
-        if view is not None and view.status.is_running and view.ttl == 0 and not view.pin:
-            await ctx.scheduler.wait_until(
-                lambda s: (v := s.models.get(entry.name)) is None or not v.status.is_running
-            )
+        # end (at once when idle); the scheduler answers when it is gone.
+        await ctx.scheduler.unload_once_idle(entry.name)
         await ex.respond(200, dumps({**out, "done": True, "done_reason": "unload"}))
         return
 

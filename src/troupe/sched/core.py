@@ -223,19 +223,39 @@ class SchedulerCore:
         if w is not None and w.queued:
             self.queue.leave(w.model)  # a slot freed for this waiter goes to the next one
         requests.direct.pop(rid, None)
+        requests.until_gone.pop(rid, None)
         self._settle(now)
         return self._flush()
 
-    def keep_alive(self, model: str, gen: int | None, seconds: float, now: float) -> list[Effect]:
+    def keep_alive(
+        self,
+        model: str,
+        gen: int | None,
+        seconds: float,
+        now: float,
+        *,
+        rid: int | None = None,
+        until_gone: bool = False,
+    ) -> list[Effect]:
         """A request's ``keep_alive`` (the Ollama API) for child ``gen`` of ``model`` (None:
         whichever runs now): unloaded after ``seconds`` idle (0: as soon as its requests
         end), never on troupe's own initiative for inf. Through the TTL and the pin, so
         admission, memory and fairness see it like a preset's; the next child starts with
-        its preset's again. A model that is not running is left alone."""
+        its preset's again. A model that is not running is left alone.
+
+        ``rid`` is answered once it is in effect; with ``until_gone`` (Ollama's
+        ``keep_alive: 0`` with nothing to generate) once the child it makes go is gone, at
+        once when it makes none go (nothing runs, or its preset pins it)."""
         self._now = now
         m = self.table.known(model)
         if m is not None and m.is_running and not m.stopping and gen in (None, m.gen):
             m.keep_alive = (m.gen, seconds)
+        if rid is not None:
+            goes = m is not None and m.is_running and m.ttl == 0 and not m.pin
+            if until_gone and goes and m is not None and gen in (None, m.gen):
+                self.requests.until_gone[rid] = (model, m.gen)
+            else:
+                self.outbox.reply(rid, None)
         self._settle(now)
         return self._flush()
 

@@ -45,6 +45,9 @@ class Requests:
     leases: dict[int, Lease] = attrs.field(factory=dict)
     direct: dict[int, DirectLoad] = attrs.field(factory=dict)
     stop_all: list[int] = attrs.field(factory=list)  # shutdowns, answered once none runs
+    # keep_alive 0 asked with nothing to generate (Ollama): rid -> the child (model, gen)
+    # whose end it is answered at
+    until_gone: dict[int, tuple[str, int]] = attrs.field(factory=dict)
     closed: bool = False  # shutting down: no new lease, no new load
 
     def wanted(self) -> list[str]:

@@ -149,6 +149,11 @@ class Settler:
         self.placement.narrow(now)
         self._tick(now)
         self.measure_next()
+        for rid, (model, gen) in list(self._requests.until_gone.items()):
+            m = table.get(model)
+            if m is None or m.gen != gen or not m.is_running:  # that child is gone
+                del self._requests.until_gone[rid]
+                self._out.reply(rid, None)
         stop_all = self._requests.stop_all
         if stop_all and not table.running_count():
             for rid in stop_all:

@@ -68,7 +68,7 @@ class Child:
 class Ask:
     """A request waiting for its one reply."""
 
-    kind: str  # acquire | load | unload | stop_all
+    kind: str  # acquire | load | unload | stop_all | reload | keep_alive
     model: str
     autoload: bool = True
     post: bool = True  # a POST: using the model makes it recently used (§6.3 last_used)
@@ -108,6 +108,7 @@ class World:
         self.table_keys: dict[str, RestartKey] = {}  # each model's key in the core's table
         # POST /models/load rid -> its model, and when its fake-timing sleep ends
         self.load_due: dict[int, tuple[str, float]] = {}
+        self.gone_waits: dict[int, tuple[str, int]] = {}  # keep_alive 0 rid -> its child
         self.key_version = 0
         self.kept: dict[str, tuple[int, float]] = {}  # a request's keep_alive: (gen, seconds)
         self.names: list[str] = []
@@ -331,7 +332,7 @@ class World:
             assert FAILURE_KINDS[r.status] == r.type, r
             assert ask.kind != "stop_all", e
         else:
-            assert ask.kind in ("load", "unload", "stop_all", "reload"), (ask, e)
+            assert ask.kind in ("load", "unload", "stop_all", "reload", "keep_alive"), (ask, e)
 
     def on_emit(self, e: Sse) -> None:
         if e.event.startswith("troupe_"):
@@ -559,6 +560,10 @@ class World:
         now = self.tick()
         retried_before = self.core.table.models[model].oom_retried
         self.step(self.core.exited(model, child.gen, code, now, expected=expected, oom=oom))
+        for rid, gone in list(self.gone_waits.items()):
+            if gone == (model, child.gen):  # its keep_alive 0 is answered with the exit
+                assert rid in self.answered or rid in self.left, f"{rid} waits for {gone}"
+                del self.gone_waits[rid]
         retried = self.core.table.models[model].oom_retried and not retried_before
         if retried or any(
             s.cause == StopCause(StopReason.MEMORY, model) for s in self.of_type(Stop)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from schedcore_kit import Bench, spawns, stops
+from schedcore_kit import Bench, answered, reply_to, spawns, stops
 
-from troupe.sched import ModelConfig
+from troupe.sched import Effect, ModelConfig
 from troupe.sched.reasons import StopCause, StopReason
 
 
@@ -65,3 +65,58 @@ def test_a_preset_pin_beats_a_request_and_a_stale_child_is_left_alone() -> None:
     assert b.view("c").ttl is None
     b.bring_up("c")
     assert b.view("c").ttl is None  # a new child: nothing was kept for it
+
+
+# ----- keep_alive 0 with nothing to generate: answered once the child is gone -----------------
+
+
+def _unload(b: Bench, rid: int, model: str) -> list[Effect]:
+    return b.core.keep_alive(model, None, 0.0, b.tick(), rid=rid, until_gone=True)
+
+
+def test_keep_alive_zero_is_answered_once_the_busy_child_is_gone() -> None:
+    b = Bench()
+    b.bring_up("a")
+    lease = b.lease("a")
+    rid = b.rid()
+    assert rid not in answered(_unload(b, rid, "a"))  # a request is in flight
+    out = b.release(lease)
+    out += b.on_time(b.now)  # its TTL (0) is due at once
+    assert [s.cause for s in stops(out)] == [StopCause(StopReason.TTL)]
+    assert rid not in answered(out)  # told to stop, not gone yet
+    out = b.core.exited("a", b.gen["a"], 0, b.tick(), expected=True)
+    assert reply_to(out, rid) is None
+
+
+def test_keep_alive_zero_is_answered_at_once_when_nothing_goes() -> None:
+    b = Bench([ModelConfig("a", pin=True), "b"])
+    b.bring_up("a")
+    rid = b.rid()
+    out = _unload(b, rid, "a")  # its preset pins it: it stays
+    assert reply_to(out, rid) is None
+    assert stops(out) == []
+    rid = b.rid()
+    assert reply_to(_unload(b, rid, "b"), rid) is None  # nothing runs
+
+
+def test_keep_alive_zero_from_a_client_that_left_is_carried_out_and_answers_nobody() -> None:
+    b = Bench()
+    b.bring_up("a")
+    rid = b.rid()
+    out = _unload(b, rid, "a")
+    assert (b.core.next_deadline() or math.inf) <= b.now  # idle: its TTL (0) is due at once
+    out += b.on_time(b.now)
+    assert [s.cause for s in stops(out)] == [StopCause(StopReason.TTL)]
+    b.release(rid)  # the client left
+    out = b.core.exited("a", b.gen["a"], 0, b.tick(), expected=True)
+    assert rid not in answered(out)
+
+
+def test_a_plain_keep_alive_with_a_rid_is_answered_at_once() -> None:
+    b = Bench()
+    b.bring_up("a")
+    lease = b.lease("a")
+    rid = b.rid()
+    out = b.core.keep_alive("a", b.gen["a"], 0.0, b.tick(), rid=rid)
+    assert reply_to(out, rid) is None  # in effect: the release that follows sees it
+    b.release(lease)

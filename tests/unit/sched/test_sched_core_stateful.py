@@ -212,6 +212,25 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         if child.stop is None:  # a stopping child keeps what it had
             self.kept[name] = (child.gen, seconds)
 
+    @rule(i=st.integers(0, 50))
+    def keep_alive_zero(self, i: int) -> None:
+        """Ollama's keep_alive 0 with nothing to generate: the running child goes once
+        idle, and the asker is answered when it is gone (at once if nothing goes)."""
+        assert self.core is not None
+        name = self.names[i % len(self.names)]
+        child = self.children.get(name)
+        rid = self.ask("keep_alive", name)
+        now = self.tick(0.0)
+        self.step(self.core.keep_alive(name, None, 0.0, now, rid=rid, until_gone=True))
+        answered = bool(self.replies_to(rid))
+        if child is None or self.configs[name].pin:
+            assert answered, f"keep_alive 0 of {name} ({child}) not answered at once"
+        elif child.stop is None:
+            assert not answered, f"keep_alive 0 answered while {child} runs"
+            self.kept[name] = (child.gen, 0.0)
+        if not answered:
+            self.gone_waits[rid] = (name, child.gen if child is not None else -1)
+
     @precondition(lambda self: any(a.kind in ("acquire", "load") for a in self.waiting.values()))
     @rule(i=st.integers(0, 50))
     def disconnect_waiter(self, i: int) -> None:
@@ -575,6 +594,10 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             return  # a step already failed: let its error be the one reported
         self.settle_world()
         assert not self.reloading, "the reload never finished"
+        for rid, (name, gen) in self.gone_waits.items():  # kept by a later keep_alive
+            child = self.children.get(name)
+            assert child is not None, (rid, name, gen)
+            assert child.gen == gen, (rid, name, gen, child)
         stuck = {r: a for r, a in self.waiting.items() if a.kind in ("acquire", "load")}
         if stuck:
             # The only legitimate reason to wait now: every slot is held by a pinned model.
