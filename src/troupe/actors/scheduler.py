@@ -157,6 +157,11 @@ class Scheduler:
     def sampler(self) -> MemorySampler | None:
         return self._memory.sampler
 
+    def not_loaded(self, model: str) -> Failure | None:
+        """The scheduler's refusal of a request for ``model`` that may not load it (see
+        `SchedulerCore.not_loaded`): asked, never derived from the snapshot."""
+        return self._core.not_loaded(model)
+
     async def wait_until(self, predicate: Callable[[Snapshot], bool]) -> Snapshot:
         """Wait (no polling) until a published snapshot satisfies ``predicate``."""
         if predicate(self.snapshot):

@@ -172,12 +172,12 @@ class SchedulerCore:
         elif not autoload:
             # Upstream proxies to any running child without waiting, even one still loading
             # (which answers 503 itself); one not started yet has no port to proxy to.
-            if m.status.is_running and m.spawn_pending:
+            if (refused := self.not_loaded(model)) is not None:
+                out.reply(rid, refused)
+            elif m.spawn_pending:
                 out.reply(rid, Failure.unavailable("Loading model"))
-            elif m.status.is_running:
-                self.settler.grant(rid, m, update_last_used, now, waited=False)
             else:
-                out.reply(rid, Failure.bad_request("model is not loaded"))
+                self.settler.grant(rid, m, update_last_used, now, waited=False)
         elif m.phase.serves:
             if update_last_used:
                 record_demand(m, now)
@@ -197,6 +197,16 @@ class SchedulerCore:
                 w.queued = True
             self._settle(now)
         return self._flush()
+
+    def not_loaded(self, model: str) -> Failure | None:
+        """Upstream's refusal of a request that may not load ``model`` (``autoload``
+        false): 400 "model is not loaded" unless it runs (loading, loaded, sleeping).
+        `acquire` answers with it; a door that must refuse before it takes the client on
+        (a WebSocket before its upgrade) asks here, changing nothing."""
+        m = self.table.known(model)
+        if m is None or not m.status.is_running:
+            return Failure.bad_request("model is not loaded")
+        return None
 
     def grants_at_once(self, model: str, autoload: bool = True, ready_only: bool = False) -> bool:
         """Would `acquire` answer with a lease right away (and change nothing else)?"""

@@ -393,3 +393,28 @@ def test_claimer_leaving_does_not_stop_the_load_for_the_others() -> None:
     b.spawned("a")
     assert b.release(w1) == []
     assert grant_of(b.ready("a"), w2).model == "a"
+
+
+def test_a_request_that_may_not_load_is_refused_by_the_core_alone() -> None:
+    # not_loaded is the answer acquire(autoload=False) gives, and a door that must refuse
+    # before it takes the client on asks it instead of reading the snapshot.
+    not_loaded = Failure.bad_request("model is not loaded")
+    b = Bench()
+    assert b.core.not_loaded("a") == not_loaded
+    rid = b.rid()
+    assert failure_of(b.acquire(rid, "a", autoload=False), rid) == not_loaded
+    b.load(b.rid(), "a")  # spawn issued: running, not started yet
+    assert b.core.not_loaded("a") is None
+    rid = b.rid()
+    assert failure_of(b.acquire(rid, "a", autoload=False), rid) == Failure.unavailable(
+        "Loading model"
+    )
+    b.spawned("a")
+    b.ready("a")
+    rid = b.rid()
+    grant_of(b.acquire(rid, "a", autoload=False), rid)
+    b.release(rid)
+    b.unload(b.rid(), "a")  # stopping: still running until it is gone
+    assert b.core.not_loaded("a") is None
+    b.exited("a", 0)
+    assert b.core.not_loaded("a") == not_loaded
