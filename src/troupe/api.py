@@ -1,7 +1,7 @@
-"""llama-server's HTTP API as every layer needs to know it (spec §3).
+"""llama-server's HTTP API as every layer needs to know it.
 
 Its JSON (compact UTF-8, no spaces), the ``--api-prefix`` every route sits under, and
-which routes go to a child: POST routes name their model in the body (§3.5), GET ones
+which routes go to a child: POST routes name their model in the body, GET ones
 in ``?model=``. The front routes by these sets (`troupe.http.routes`, the one route
 table), the metrics label by them, the transport writes JSON this way: so they sit
 below all three.
@@ -24,7 +24,7 @@ __all__ = [
 
 JSON_TYPE = "application/json; charset=utf-8"
 
-# POST routes whose model comes from the JSON body (spec §3.5).
+# POST routes whose model comes from the JSON body (as upstream).
 PROXY_POST_PATHS = frozenset(
     {
         "/completion",

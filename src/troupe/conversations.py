@@ -1,4 +1,4 @@
-"""The conversation tracker: ``X-Conversation-Id`` -> the model serving it (spec §6.6).
+"""The conversation tracker: ``X-Conversation-Id`` -> the model serving it (upstream's tickets).
 
 Each POST carrying the header is remembered with a fresh ticket before it waits for
 its model; a newer request for the same conversation, or ``DELETE /v1/stream``,
@@ -9,7 +9,7 @@ checks after). Upstream's entries never expire; here the table is bounded (the i
 chosen by clients, so an unbounded table is a memory leak anyone can drive): past
 `MAX_CONVERSATIONS` the least recently used entries not waiting are forgotten.
 
-DESIGN places the tickets in the scheduler; they live here instead because nothing in
+The tickets are not the scheduler's; they live here because nothing in
 the model table depends on them (the scheduler only sees the lease a ticket waits for),
 and this tracker, like the table, has a single writer: the HTTP handlers, on one Trio
 thread, with no await between reading and changing an entry. The composition root

@@ -136,7 +136,7 @@ class ChildLauncher:
         return out
 
     def scan(self) -> PreparedCatalog:
-        """Re-read every model source (§6.9 step 1); ConfigError when one is broken."""
+        """Re-read every model source (a reload's first step); ConfigError when one is broken."""
         catalog = build_catalog(
             self.settings,
             self.table,

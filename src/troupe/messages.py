@@ -106,7 +106,7 @@ class Drain:
 
 @attrs.frozen
 class Reload:
-    """``GET /models?reload=1``: re-scan the sources and reconcile (§6.9). Carried out by
+    """``GET /models?reload=1``: re-scan the sources and reconcile (as upstream). Carried out by
     the scheduler whatever becomes of the asker."""
 
     rid: int
@@ -115,7 +115,7 @@ class Reload:
 
 @attrs.frozen
 class RemoveModel:
-    """``DELETE /models?model=``: stop it, delete its cache files, reload (§8)."""
+    """``DELETE /models?model=``: stop it, delete its cache files, reload (as upstream)."""
 
     rid: int
     model: str

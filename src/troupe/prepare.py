@@ -71,7 +71,7 @@ def _remote_preset(
     cli: dict[EngineOption, str], table: OptionTable
 ) -> dict[EngineOption, str] | None:
     """``-hf org/repo`` naming a repository with ``preset.ini`` at its root: the command
-    line of a router over that preset (spec §1.1); None for a model (the engine runs it)."""
+    line of a router over that preset (as upstream); None for a model (the engine runs it)."""
     envs = {opt.env: value for opt, value in cli.items() if value}
     if any(e in envs or os.environ.get(e) for e in _SINGLE_MODEL_ENVS if e != _HF_REPO_ENV):
         return None

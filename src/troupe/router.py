@@ -77,7 +77,7 @@ class Router:
     metrics: RouterMetrics  # fed by the scheduler's listeners and the relay
     logs: ModelLogs  # every model's log, across its children
     downloads: RouterDownloads  # POST /models
-    conversations: ConversationTracker  # X-Conversation-Id -> model (§6.6)
+    conversations: ConversationTracker  # X-Conversation-Id -> model (its tickets)
     devices: DeviceList  # totals for feasibility; free memory is sampled
     reader: DeviceReader
     kv: KvService | None = None  # the KV store (None: --kv-store off)
@@ -255,7 +255,7 @@ def _cluster(settings: RouterSettings) -> Cluster | None:
 
 
 def _no_mmproj(settings: RouterSettings) -> bool:
-    """``--no-mmproj`` on the router command line hides projector modalities (§2.8)."""
+    """``--no-mmproj`` on the router command line hides projector modalities."""
     return any(
         opt.env == "LLAMA_ARG_MMPROJ_AUTO" and value == "0" for opt, value in settings.base_args
     )

@@ -2,7 +2,7 @@
 
 Root nursery (one_for_all): the scheduler actor, the HTTP server and the signal
 watcher are siblings, so a bug in either stops the whole service loudly rather
-than leaving it half-alive (DESIGN principle 5).
+than leaving it half-alive (ARCHITECTURE.md, principle 5).
 
 Shutdown (the drain): end the /models/sse streams; the scheduler answers every
 waiting request and starts no load; stop accepting, and let requests in flight
@@ -142,7 +142,7 @@ async def serve_router(
 
 
 async def load_on_startup(router: Router) -> None:
-    """Spawn each ``load-on-startup`` model in turn, once the server listens (§6.8)."""
+    """Spawn each ``load-on-startup`` model in turn, once the server listens (as upstream)."""
     for name in router.catalog.startup_models():
         try:
             await router.scheduler.load(name)

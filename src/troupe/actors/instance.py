@@ -2,7 +2,7 @@
 
 Everything it learns goes to the scheduler as messages tagged with its generation.
 It never raises into the scheduler's nursery: a bug in this code, like a crash of
-the child, ends as one ``Exited`` message (one_for_one supervision, principle 5).
+the child, ends as one ``Exited`` message (one_for_one supervision: ARCHITECTURE.md).
 """
 
 from __future__ import annotations

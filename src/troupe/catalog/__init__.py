@@ -1,7 +1,7 @@
 """The model catalogue: which models the router can start, and with what arguments.
 
 Pure and synchronous (no Trio, no HTTP). It reproduces llama.cpp's router-mode
-model list (spec/llama-router.md §2): the HF cache, ``--models-dir`` and the INI
+model list (its model sources and presets): the HF cache, ``--models-dir`` and the INI
 preset file, merged with the router's own command line; aliases, tags, hidden
 cache entries, child argument rendering and the ``status.preset`` text.
 """

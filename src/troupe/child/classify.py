@@ -1,4 +1,4 @@
-"""Recognising out-of-memory and backend failures in a child's log (notes §A3).
+"""Recognising out-of-memory and backend failures in a child's log (Jan's patterns).
 
 Jan's rules: a line is "oom" if it mentions a device/host allocation failure, else
 "backend" for CUDA errors, GGML asserts, Vulkan or Metal errors. The first such line

@@ -1,6 +1,6 @@
 """Starting a child in its own session, and the stop ladder that always finishes.
 
-The ladder (DESIGN principle 6): the exit command on stdin, wait ``stop_timeout``,
+The ladder (ARCHITECTURE.md, principle 6): the exit command on stdin, wait ``stop_timeout``,
 SIGTERM to the process group, wait ``term_grace``, SIGKILL to the group. It runs
 shielded, so a cancelled caller (shutdown, a client gone) never leaves a child
 half-stopped. A model still loading is killed at once: it has no request to finish.
@@ -41,7 +41,7 @@ async def spawn_child(
 ) -> trio.Process:
     """Start ``argv`` with piped stdio, leading a new session (so a group kill reaches
     grandchildren). No PR_SET_PDEATHSIG: Trio spawns from a worker thread whose exit
-    would kill the child (DESIGN principle 7)."""
+    would kill the child (ARCHITECTURE.md, principle 7)."""
     return await trio.lowlevel.open_process(
         list(argv),
         stdin=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""The router/child protocol of llama-server (spec §5).
+"""The router/child protocol of llama-server.
 
 The child writes ``cmd_child_to_router:state:{json}`` lines on stdout (its logs go
 to stderr) and reads ``cmd_router_to_child:exit`` on stdin; it exits on stdin EOF.

@@ -1,6 +1,6 @@
 """``troupe import PATH``: put a local GGUF (and its mmproj) into a ``--models-dir``.
 
-As Jan's import (notes/engine-and-memory.md §A6), after validating:
+As Jan's import, after validating:
 
 * the file is a GGUF whose header reads and whose tensor data lies inside the file
   (a truncated download is refused here, not at load);

@@ -1,6 +1,6 @@
 """Remote presets: ``troupe serve -hf org/repo`` on a repo with ``preset.ini`` at its root.
 
-As llama.cpp's router (spec §1.1): the hub's file list is read (``refs``, then the
+As llama.cpp's router: the hub's file list is read (``refs``, then the
 ``tree`` of that commit); if it holds ``preset.ini`` at its root, only that file is
 downloaded (through the same job as every download: verified, into the HF cache) and
 the process becomes a router over it, with the model fields cleared. Offline, or when

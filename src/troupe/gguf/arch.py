@@ -1,7 +1,7 @@
 """Per-architecture facts that are not in the GGUF metadata itself.
 
 Mirrors the pinned llama.cpp (``src/models/*.cpp``, ``src/llama-model.cpp``)
-and Jan's embedding detection (notes/engine-and-memory.md §A5). When the engine
+and Jan's embedding detection (its ``detectEmbeddingFromGgufMeta``). When the engine
 is upgraded, re-check these tables against its source.
 """
 

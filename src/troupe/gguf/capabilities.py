@@ -1,4 +1,4 @@
-"""What a model can do, as troupe shows it in ``/models`` (spec §2.8).
+"""What a model can do, as troupe shows it in ``/models`` (upstream's ``architecture`` object).
 
 * ``input_modalities``: ``text``, plus ``image``/``audio`` from the mmproj file's
   ``clip.has_vision_encoder``/``clip.has_audio_encoder``. Following Jan, an
@@ -81,7 +81,7 @@ def output_modalities(decision_type: str | None) -> tuple[str, ...]:
 
 
 def is_embedding_model(arch: str, pooling_type: int | None) -> bool:
-    """Jan's detectEmbeddingFromGgufMeta (notes §A5)."""
+    """Jan's ``detectEmbeddingFromGgufMeta``."""
     return arch in EMBEDDING_ARCHS or "embed" in arch.lower() or (pooling_type or 0) > 0
 
 

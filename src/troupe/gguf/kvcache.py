@@ -1,4 +1,4 @@
-"""KV-cache size as the pinned llama.cpp allocates it (notes §B3).
+"""KV-cache size as the pinned llama.cpp allocates it (``llama-kv-cache.cpp``).
 
 Context sizing (``llama-context.cpp``): ``n_ctx = 0`` means the training
 context; ``n_ctx`` is padded to 256; with a unified cache there is one stream of

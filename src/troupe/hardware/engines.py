@@ -1,4 +1,4 @@
-"""Choosing the engine build for this machine (notes §A1, Jan's ``backend.rs``).
+"""Choosing the engine build for this machine (as Jan's ``backend.rs``).
 
 Each build gets one category, Jan's names: the first of its GPU backends this
 machine can drive (``cuda-cu12.0``, ``vulkan``...), else its CPU variant

@@ -1,4 +1,4 @@
-"""Will a model fit? GREEN / YELLOW / RED, Jan's ``is_model_supported`` (notes §A4).
+"""Will a model fit? GREEN / YELLOW / RED, Jan's ``is_model_supported``.
 
 The rule is Jan's; the input is not. Jan adds the file size, an f16-only KV
 guess at the full context and a sibling ``mmproj.gguf``; troupe passes its own

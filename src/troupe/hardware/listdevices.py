@@ -1,4 +1,4 @@
-"""``llama-server --list-devices``: the devices an engine build itself can use (notes §A2).
+"""``llama-server --list-devices``: the devices an engine build itself can use (parsed as Jan does).
 
 llama.cpp prints on stdout (``common_print_available_devices``)::
 

@@ -1,4 +1,4 @@
-"""The ``model`` a POST body names (spec §3.5): a JSON field or a multipart form field.
+"""The ``model`` a POST body names (as upstream reads it): a JSON field or a multipart form field.
 
 A small body (up to `OFF_LOOP_BYTES`) is parsed whole, as upstream does (its parse
 errors are answered here), safely: one nested deeper than the parser's recursion

@@ -1,4 +1,4 @@
-"""CORS headers exactly as llama-server sets them (spec §3.1), and the Origin check.
+"""CORS headers exactly as llama-server sets them, and the Origin check.
 
 The Origin check (`OriginCheck`) is troupe's, as Ollama's: a browser request whose
 ``Origin`` is not allowed is refused with 403 before any handler runs, whatever its

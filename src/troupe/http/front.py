@@ -1,6 +1,6 @@
 """The front: llama.cpp's global middleware, then the one route table.
 
-Order (spec §3.1): CORS headers on every response; OPTIONS answered at once; 503
+Order (llama-server's own): CORS headers on every response; OPTIONS answered at once; 503
 until ready; the API key; the route (`troupe.http.routes.ROUTES`: relayed to a child,
 or answered by the router itself; an unknown route is a JSON 404). WebSocket upgrades
 go to the WebSocket door the service plugged in (the realtime API).
@@ -91,7 +91,7 @@ class Front:
         self._fixed_base = _SERVER + b"".join(b"%b: %b\r\n" % (k.title(), v) for k, v in fixed)
 
     def base_head(self, request: Request) -> bytes:
-        """``Server: llama.cpp`` and ``Access-Control-Allow-Origin`` (§3.1)."""
+        """``Server: llama.cpp`` and ``Access-Control-Allow-Origin``, as llama-server sets them."""
         settings = self.router.settings
         if self._echo_origin:
             origin = request.header(b"origin")

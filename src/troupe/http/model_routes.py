@@ -1,4 +1,4 @@
-"""The router's own model routes (spec §3.2-§3.4): health, props, the model list and its
+"""The router's own model routes, as upstream's: health, props, the model list and its
 SSE feed, load, unload, download and removal; the disabled tools routes."""
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ async def unload(router: Router, ex: Exchange) -> None:
     if entry is None and name not in router.scheduler.snapshot.downloads:
         await send_error(ex, "model is not found", "invalid_request_error")
         return
-    try:  # a download: answered once its job has ended (§3.4)
+    try:  # a download: answered once its job has ended (as upstream)
         await router.scheduler.unload(name if entry is None else entry.name)
     except ModelUnavailable as exc:
         await send_failure(ex, exc.failure)

@@ -1,4 +1,4 @@
-"""The ``GET /models`` document (spec §3.3), plus troupe's facts under one extra key."""
+"""The ``GET /models`` document (upstream's), plus troupe's facts under one extra key."""
 
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict
 
 
 def download_item(view: DownloadView, created: int) -> dict[str, Any]:
-    """A ``downloading``/``downloaded`` entry (§3.3): source cache, no aliases or tags,
+    """A ``downloading``/``downloaded`` entry (as upstream's): source cache, no aliases or tags,
     no preset; troupe has no download child, so no child arguments either."""
     progress = {url: {"done": d, "total": t} for url, (d, t) in view.progress.items()}
     extras: dict[str, Any] = {"download": {"progress": progress}}

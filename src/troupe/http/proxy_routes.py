@@ -1,4 +1,5 @@
-"""Proxied routes: find the model a request names, lease its child, relay (spec §3.5)."""
+"""Proxied routes: find the model a request names, lease its child, relay (see walk 1 of
+ARCHITECTURE.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Resumable-stream routes: find the child that owns a conversation (spec §10).
+"""Resumable-stream routes: find the child that owns a conversation (``/v1/stream``).
 
 Every request to a child goes through a lease on it (so it cannot be evicted while
 asked) and the one pooled transport, with upstream's 250 ms bounds. A conversation

@@ -4,7 +4,7 @@ The server has already read the request's head (and maybe the first frames), so
 the handshake is replayed to trio-websocket through `ReplayStream` and it parses
 and answers it itself. The resulting `trio_websocket.WebSocketRequest` goes to
 the door the service plugged in (`troupe.realtime.serve_realtime`), which
-authenticates, resolves the model and accepts or rejects (DESIGN "Request path" 4);
+authenticates, resolves the model and accepts or rejects (ARCHITECTURE.md, actors);
 an unknown path gets the JSON 404.
 """
 

@@ -1,7 +1,7 @@
 """The byte relay: one request to a child, its answer written back as it comes.
 
 The request goes out in one write on a pooled keep-alive connection. The answer's
-head is rewritten (spec §3.6: the child's Server, framing, hop-by-hop and CORS
+head is rewritten (as upstream's proxy: the child's Server, framing, hop-by-hop and CORS
 fields dropped, ours added, ``X-Accel-Buffering: no``); then every read from the
 child is one write to the client: a chunked body passes through with its framing
 untouched, any other body is framed as one chunk per read. A slow client slows the
@@ -169,7 +169,7 @@ def _request_bytes(
 
 
 def response_fields(upstream: UpstreamResponse) -> bytes:
-    """The child's header lines as the client gets them (§3.6)."""
+    """The child's header lines as the client gets them (as upstream's proxy)."""
     content_type = _JSON_TYPE
     out = []
     for key, value in upstream.headers:
@@ -222,7 +222,7 @@ class Relay:
         self, scope: Mapping[str, Any], child: Child, method: str, target: str, body: bytes
     ) -> tuple[int, bytes] | None:
         """A small whole answer from ``child``, or None when it cannot answer. Bound it
-        with a cancel scope (stream lookups and deletes get 250 ms, §10). ``scope``
+        with a cancel scope (stream lookups and deletes get 250 ms, as upstream). ``scope``
         gives the request headers (``scope["headers"]``)."""
         headers = request_headers(scope["headers"], child.port)
         try:
@@ -253,7 +253,7 @@ class Relay:
 
         ``target``: the path and query for the child (default: the client's, as sent).
         ``detached``: the request is guaranteed to reach the child even if the client
-        disconnects while the child has not answered yet (conversation requests, §6.6).
+        disconnects while the child has not answered yet (conversation requests, as upstream).
         ``crash_detail``: why the child died (its last log lines), asked for when the
         connection breaks, so the client learns more than "connection lost".
         ``report``: filled with what the access log records (status, times, bytes, the

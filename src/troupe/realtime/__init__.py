@@ -2,7 +2,7 @@
 
 llama-server has no WebSocket endpoint; a realtime session lives in troupe, keeps the
 conversation, and for each response leases the model and streams the child's
-``/v1/chat/completions`` back as Realtime events (DESIGN "Request path", point 4).
+``/v1/chat/completions`` back as Realtime events (ARCHITECTURE.md, actors).
 """
 
 from troupe.realtime.handshake import REALTIME_PATHS, WebSocketRequest, serve_realtime

@@ -1,4 +1,4 @@
-"""The download table: ``downloading`` and ``downloaded`` entries (spec §3.3, §6.1, §8).
+"""The download table: ``downloading`` and ``downloaded`` entries (upstream's download flow).
 
 Pure, like the core: events in, effects out. Kept beside `SchedulerCore` rather than
 in it because a download holds no child, no port and no ``--models-max`` slot: the
@@ -205,7 +205,7 @@ class DownloadTable:
         ]
 
     def forget(self, jobs: Mapping[str, int]) -> None:
-        """After the reload that follows: the ended entries named are gone (§6.9 step 4)."""
+        """After the reload that follows: the ended entries named are gone (erased by it)."""
         for name, job in jobs.items():
             e = self._entries.get(name)
             if e is not None and e.job == job and e.status is Status.DOWNLOADED:

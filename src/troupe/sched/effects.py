@@ -132,7 +132,7 @@ class Reloaded:
 @attrs.frozen
 class DeleteFiles:
     """Removal ``rid`` (``DELETE /models``): ``model``'s child is gone; delete its files,
-    re-scan, and answer with a reload (§8)."""
+    re-scan, and answer with a reload (as upstream)."""
 
     rid: int
     model: str

@@ -1,6 +1,6 @@
 """Settling: after every event, who is answered, who loads, and what is evicted.
 
-The waiting rules follow llama.cpp's ``ensure_model_ready`` (spec §6.2-§6.4), applied
+The waiting rules follow llama.cpp's ``ensure_model_ready`` and its admission queue, applied
 the moment something changes instead of every 200 ms. `Settler` holds no state of its
 own beyond the files it has read ahead: it works on the collaborators the core gives
 it, and each rule below is one method.
@@ -177,8 +177,8 @@ class Settler:
                 self._children.spawn(m, now, delay=0.0, cpu=self.placement.take(m.name))
 
     def _finish_reload(self, now: float) -> None:
-        """Swap in the new model list (§6.9 steps 4-8), once every model the reload stops
-        is gone."""
+        """Swap in the new model list (upstream's reload, after its stops), once every model
+        the reload stops is gone."""
         table, changes = self._table, self._changes
         pending = changes.reload
         assert pending is not None
@@ -228,7 +228,7 @@ class Settler:
         self._out.reply(rid, result)
 
     def _advance(self, rid: int, w: Waiter, now: float) -> None:
-        """One step of upstream's wait loop for one waiter (§6.2 step 4)."""
+        """One step of upstream's wait loop for one waiter (``ensure_model_ready``'s loop)."""
         name = w.model
         m = self._table.known(name)
         if m is None:

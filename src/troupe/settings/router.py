@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 ROUTER_OPTIONS: tuple[EngineOption, ...] = tuple(s.option for s in SETTINGS if not s.own)
-"""llama-server's router flags (spec §1.2). The engine's own --help is authoritative; these
+"""llama-server's router flags. The engine's own --help is authoritative; these
 fill in when an engine build lacks one, so the router never depends on a child's help."""
 
 TROUPE_OPTIONS: tuple[EngineOption, ...] = tuple(s.option for s in SETTINGS if s.own)
@@ -106,7 +106,7 @@ class RouterSettings:
     body_min_rate: int = 500  # bytes a second a body must keep up after the grace; 0: off
     body_rate_grace: float = 10.0  # seconds after a head before the body's pace counts
     ws_idle_timeout: float = 300.0  # a WebSocket session the client says nothing on
-    # Every llama-server option from the command line, forwarded to children (spec §2.5).
+    # Every llama-server option from the command line, forwarded to children (as upstream).
     base_args: tuple[tuple[EngineOption, str], ...] = ()
 
 

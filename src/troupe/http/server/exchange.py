@@ -2,7 +2,7 @@
 
 A response is written as bytes: `respond` for a whole one (head and body in one
 write), or `head` then `send` for a stream. Every head carries the connection's
-base fields (``Server: llama.cpp`` and the CORS header, spec §3.1) and says
+base fields (``Server: llama.cpp`` and the CORS header, as llama-server sets them) and says
 whether the connection stays open. Streams are chunked unless the client speaks
 HTTP/1.0 (then the body runs to the close).
 """

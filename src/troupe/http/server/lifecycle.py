@@ -1,12 +1,12 @@
 """`HttpServer`: accepting connections, counting requests in flight, and the drain.
 
-The caps (issue 30): at ``max_connections`` (or a client address's
+The caps (against idle and slowloris floods): at ``max_connections`` (or a client address's
 ``max_per_client``), a new connection takes the place of the one resting longest,
 one holding no request being served (`resting`, an insertion-ordered dict kept by
 the connections: two O(1) steps per request; the scan for a client's own is only at
 its cap); only when every one is serving does the new one get 503.
 
-The drain, in the order a graceful stop needs it (issue 10): `stop_accepting`
+The drain, in the order a graceful stop needs it (`troupe.service.shutdown`): `stop_accepting`
 closes the listening sockets; `close_idle` ends keep-alive connections that sit
 between requests; `wait_requests_done` returns (an event, no polling) once no
 request is in flight; `cancel_requests` is the hard stop at the deadline: every
