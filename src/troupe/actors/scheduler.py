@@ -201,7 +201,7 @@ class Scheduler:
     @asynccontextmanager
     async def lease_if_ready(self, model: str) -> AsyncIterator[Grant | None]:
         """Hold ``model`` inside the block if it is loaded right now, else yield None:
-        never waits, never loads (the resumable-stream routes, spec §10)."""
+        never waits, never loads (the resumable-stream routes, ``/v1/stream``)."""
         try:
             rid, grant = await self.acquire(model, ready_only=True, update_last_used=False)
         except ModelUnavailable:
@@ -289,12 +289,12 @@ class Scheduler:
         await self._ask(lambda rid, reply: UnloadModel(rid, model, reply))
 
     async def reload(self) -> None:
-        """Re-scan the sources and reconcile the table (§6.9); returns once the new
+        """Re-scan the sources and reconcile the table (as upstream); returns once the new
         catalogue is in effect. Carried out whether or not the caller waits for it."""
         await self._ask(Reload)
 
     async def remove(self, model: str) -> None:
-        """``DELETE /models``: stop ``model``, delete its cache files, reload (§8)."""
+        """``DELETE /models``: stop ``model``, delete its cache files, reload (as upstream)."""
         await self._ask(lambda rid, reply: RemoveModel(rid, model, reply))
 
     async def start_download(

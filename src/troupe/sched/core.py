@@ -46,7 +46,7 @@ __all__ = ["SchedulerCore"]
 
 
 class SchedulerCore:
-    """The single writer of the model table (DESIGN principle 1)."""
+    """The single writer of the model table (ARCHITECTURE.md, principle 1)."""
 
     def __init__(
         self,
@@ -270,7 +270,7 @@ class SchedulerCore:
         return self._flush()
 
     def load(self, rid: int, model: str, now: float) -> list[Effect]:
-        """``POST /models/load``: evict the LRU model and wait for it, then spawn (§3.4)."""
+        """``POST /models/load``: evict the LRU model and wait for it, then spawn (as upstream)."""
         m = self.table.known(model)
         out = self.outbox
         if self.requests.closed:
@@ -292,7 +292,7 @@ class SchedulerCore:
         return self._flush()
 
     def unload(self, rid: int, model: str, now: float) -> list[Effect]:
-        """``POST /models/unload``: start the stop and answer without waiting (§3.4)."""
+        """``POST /models/unload``: start the stop and answer without waiting (as upstream)."""
         m = self.table.known(model)
         out = self.outbox
         if m is None:
@@ -357,7 +357,7 @@ class SchedulerCore:
         return self._flush()
 
     def reload(self, rid: int, models: Iterable[ModelConfig], now: float) -> list[Effect]:
-        """A reload (§6.9): loads wait, the running models that ``models`` drops or whose
+        """A reload (as upstream's): loads wait, the running models that ``models`` drops or whose
         `RestartKey` changed are stopped, and once none of them runs ``models`` becomes the
         table and ``rid`` is answered. A reload asked for meanwhile is folded in: its
         catalogue, read later, wins, and both are answered together."""
@@ -376,7 +376,7 @@ class SchedulerCore:
         return self._flush()
 
     def remove(self, rid: int, model: str, now: float) -> list[Effect]:
-        """``DELETE /models`` (§8): stop ``model``, then have its files deleted. From now on
+        """``DELETE /models``, as upstream: stop ``model``, then have its files deleted. From now on
         requests for it fail as for an unknown model; the reload after the deletion
         brings back whatever is left of it."""
         m = self.table.known(model)
