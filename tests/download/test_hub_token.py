@@ -1,4 +1,4 @@
-"""The hub token goes to the hub only (issue 21): a file listing whose ``Link:
+"""The hub token goes to the hub only: a file listing whose ``Link:
 rel="next"`` points at another host is followed without it, as huggingface_hub does.
 Two loopback hubs; the second is named ``localhost`` so its host differs."""
 

@@ -1,5 +1,5 @@
 """``troupe serve -hf org/repo``: a repo with ``preset.ini`` at its root makes troupe a
-router over that preset (spec §1.1); any other repo is a model the engine runs itself."""
+router over that preset (as upstream); any other repo is a model the engine runs itself."""
 
 from __future__ import annotations
 

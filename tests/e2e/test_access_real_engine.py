@@ -1,4 +1,4 @@
-"""The access record with the real llama-server (issue 25): the log line, the ring behind
+"""The access record with the real llama-server: the log line, the ring behind
 ``GET /troupe/requests`` and the per-model histograms, for a plain and a streamed
 request, one that queued, one whose model failed to load, and one whose client left."""
 

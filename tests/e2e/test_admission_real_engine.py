@@ -1,6 +1,6 @@
-"""Admission and eviction against the real llama-server (issue 6, end to end).
+"""Admission and eviction against the real llama-server, end to end.
 
-``LLAMA_SERVER_DEBUG_FAKE_TIMING`` (spec §12) holds every proxied request busy for
+``LLAMA_SERVER_DEBUG_FAKE_TIMING`` (upstream's debug hook) holds every proxied request busy for
 2 s, and delays every load by 2 s, exactly as the C++ router does for its own tests:
 that window is where the queueing is observed. Every wait below is on a scheduler
 event, never on a clock.

@@ -1,5 +1,5 @@
 """The measurement job against the real engine: its own projection, with the child's
-exact arguments, agrees with what the child reports once loaded (issue 11)."""
+exact arguments, agrees with what the child reports once loaded."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Memory admission on this machine's real host RAM, with the real engine (issue 7).
+"""Memory admission on this machine's real host RAM, with the real engine.
 
 The models are tiny GGUFs made large enough to matter (about 300 MiB each in use).
 The margin is set from a fresh reading so that two models fit and a third does not,

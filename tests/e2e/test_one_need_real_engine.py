@@ -1,4 +1,4 @@
-"""One memory need for one model (issue 25): ``troupe doctor`` shows the engine's own
+"""One memory need for one model: ``troupe doctor`` shows the engine's own
 projection, the figure the router admits by and ``GET /models`` shows."""
 
 from __future__ import annotations

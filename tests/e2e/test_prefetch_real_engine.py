@@ -1,4 +1,4 @@
-"""A model that waits for its slot has its file read into memory meanwhile (issue 13):
+"""A model that waits for its slot has its file read into memory meanwhile:
 the real engine, the real kernel's page cache, seen with ``mincore``."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """troupe's /metrics as Prometheus itself reads it (Debian's prometheus package): its
 promtool lints the exposition, and a real Prometheus scrapes troupe and answers a
-query on the per-model request histograms (issue 25)."""
+query on the per-model request histograms."""
 
 from __future__ import annotations
 

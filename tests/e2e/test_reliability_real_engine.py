@@ -1,4 +1,4 @@
-"""troupe never wedges (issue 10), against the real llama-server with faults from outside.
+"""troupe never wedges, against the real llama-server with faults from outside.
 
 Each test is one defect the issue measured: it hung (or took the whole stop-timeout)
 before the fix. Waits are on scheduler events; the `fail_after` bounds only turn a
@@ -212,7 +212,7 @@ async def test_a_failed_memory_reading_does_not_hold_loads_forever(
 async def test_shutdown_drains_requests_in_flight_and_answers_the_waiting(
     engine_path: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    # LLAMA_SERVER_DEBUG_FAKE_TIMING holds a proxied request 2 s in flight (spec §12):
+    # LLAMA_SERVER_DEBUG_FAKE_TIMING holds a proxied request 2 s in flight (upstream's debug hook):
     # the shutdown must let it finish, answer the request queued for another model at
     # once, start no load, and then stop every child.
     ini = preset(

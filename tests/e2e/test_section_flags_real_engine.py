@@ -1,5 +1,5 @@
-"""A preset section's own flags, judged by the real engine's parser before any request
-(issue 25): the model is rejected with the engine's message, at start-up and on a reload,
+"""A preset section's own flags, judged by the real engine's parser before any request:
+the model is rejected with the engine's message, at start-up and on a reload,
 and the other models serve."""
 
 from __future__ import annotations

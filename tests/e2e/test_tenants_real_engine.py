@@ -1,4 +1,4 @@
-"""Tenants and secrets with the real llama-server (issue 30).
+"""Tenants and secrets with the real llama-server.
 
 A resumable stream (``X-Conversation-Id``) belongs to the key that started it: with
 several named keys, another key's replay, lookup and stop meet an unknown id, while the

@@ -1,4 +1,4 @@
-"""The access log cannot be forged (issue 30): a request's fields are escaped as nginx
+"""The access log cannot be forged: a request's fields are escaped as nginx
 escapes them (``\\xHH`` for '"', '\\\\', bytes under 0x20 and from 0x7f up), so a path
 like ``/v1/models%0A<a forged line>`` stays on its one line; the JSON lines stay JSON.
 Over real sockets, the lines as the access log's handler gets them."""

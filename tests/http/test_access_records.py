@@ -1,4 +1,4 @@
-"""Access records the real engine cannot stage on demand (issue 25): a client that
+"""Access records the real engine cannot stage on demand: a client that
 leaves while its model loads, an unknown model, a conversation id; and the ring's route."""
 
 from __future__ import annotations

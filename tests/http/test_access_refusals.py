@@ -1,5 +1,5 @@
 """Requests the server answers before any route runs still leave an access record
-(issue 25: one line per request): a missing key, a foreign Host, an unknown route, bytes
+(one line per request): a missing key, a foreign Host, an unknown route, bytes
 that are not HTTP, a body over the limit. Over real sockets, read back through
 ``GET /troupe/requests?kind=local`` as an operator would."""
 

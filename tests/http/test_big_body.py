@@ -1,5 +1,5 @@
 """A large JSON body is routed by its top-level ``model`` found without parsing the
-document (issue 30: ``json.loads`` of 100 MB of small numbers held the GIL for
+document (``json.loads`` of 100 MB of small numbers held the GIL for
 seconds, stalling every client). Over real sockets, the fake engine behind; the delay
 another client sees is measured in ``bench/big_body.py``."""
 

@@ -1,4 +1,4 @@
-"""POST /models and DELETE /models over an HF cache the test builds (spec §8)."""
+"""POST /models and DELETE /models over an HF cache the test builds, as upstream."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``POST /models`` downloads through the router, against the loopback hub (spec §8).
+"""``POST /models`` downloads through the router, against the loopback hub.
 
 The fake engine stands in for llama-server (nothing is loaded here); tests that load
 what was downloaded use the real engine (tests/e2e/test_downloads_real_engine.py).

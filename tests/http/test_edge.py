@@ -1,4 +1,4 @@
-"""The HTTP edge as an attacker meets it, raw bytes over real sockets (issue 21): a
+"""The HTTP edge as an attacker meets it, raw bytes over real sockets: a
 request without a key costs nothing (decided at the head, before any body byte or
 ``100 Continue``), trailers are never headers, RFC 9112's MUSTs, the Host check
 against DNS rebinding, several named keys."""

@@ -1,4 +1,4 @@
-"""Every connection has a bounded life (issue 21), on the server with a minimal handler
+"""Every connection has a bounded life, on the server with a minimal handler
 over real sockets: the head deadline counts empty lines before the request, a body has
 a total deadline, connections past the cap get 503 (GET /health still answered), and a
 chunked body's trailer fields never become headers."""

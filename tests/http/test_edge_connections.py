@@ -1,4 +1,4 @@
-"""Connections an attacker holds open cannot lock clients out (issue 30), over real
+"""Connections an attacker holds open cannot lock clients out, over real
 sockets: at the cap, a new connection takes the place of the oldest that serves
 nothing (idle, silent, or its head still incomplete: slowloris), and only when every
 one serves does it get 503; a cap per client address; a route that takes no body

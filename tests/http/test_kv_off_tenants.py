@@ -1,4 +1,4 @@
-"""``--kv-store off`` with several named keys (issue 30): no files, but the KV service
+"""``--kv-store off`` with several named keys: no files, but the KV service
 still keeps tenants apart on the slots, and children run without the engine's RAM
 prompt cache. With one key (or none), ``--kv-store off`` leaves the children and every
 request as they are."""

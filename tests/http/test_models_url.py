@@ -1,4 +1,4 @@
-"""``troupe models --url URL`` alone: the router there is the catalogue (issue 25)."""
+"""``troupe models --url URL`` alone: the router there is the catalogue."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Origin check (issue 30): a web page the user visits cannot drive troupe.
+"""The Origin check: a web page the user visits cannot drive troupe.
 
 A browser sends ``Origin`` with every cross-site POST (a "simple" ``text/plain`` one
 included: no preflight, the request runs) and with every WebSocket handshake. One

@@ -1,4 +1,4 @@
-"""troupe's request parser against h11 (issue 21): generated requests must read the
+"""troupe's request parser against h11: generated requests must read the
 same in both, or differ by one of troupe's documented choices, each shown here by an
 example. A short budget here; ``bench/fuzz_http.py --count 100000`` runs a long one."""
 

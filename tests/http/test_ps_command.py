@@ -1,4 +1,4 @@
-"""``troupe ps``: the loaded models of a running router (issue 25)."""
+"""``troupe ps``: the loaded models of a running router."""
 
 from __future__ import annotations
 

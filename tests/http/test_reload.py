@@ -1,4 +1,4 @@
-"""GET /models?reload=: re-scan, restart what changed, keep what did not (spec §6.9)."""
+"""GET /models?reload=: re-scan, restart what changed, keep what did not (as upstream)."""
 
 from __future__ import annotations
 

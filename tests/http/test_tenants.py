@@ -1,4 +1,4 @@
-"""Several named keys are several tenants (issue 30), over real sockets: a conversation
+"""Several named keys are several tenants, over real sockets: a conversation
 belongs to the key that started it (another key meets it as an unknown id: the same
 404, the same 204, nothing stopped), ``/troupe/*`` data needs a key and lists a tenant's
 own records only, and only the dashboard's files stay public. With one key, nothing

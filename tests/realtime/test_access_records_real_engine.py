@@ -1,4 +1,4 @@
-"""Access records beyond the proxied routes (issue 25), with real clients and the real
+"""Access records beyond the proxied routes, with real clients and the real
 engine: one per router-local request (kind "local", a ring of their own, so a polling
 dashboard cannot push the model traffic out) and one per ``/v1/realtime`` session at
 its end (kind "realtime": model, duration, close code, tokens)."""

@@ -1,4 +1,4 @@
-"""A realtime session has a bounded life (issue 21): troupe pings, and closes a session
+"""A realtime session has a bounded life: troupe pings, and closes a session
 whose client says nothing for --ws-idle-timeout, or answers no ping. The client is a
 raw socket speaking RFC 6455 by hand, so every frame troupe sends is seen."""
 

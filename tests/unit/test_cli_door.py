@@ -1,4 +1,4 @@
-"""Mistakes at the door of the command line (issue 25): each one line on stderr naming
+"""Mistakes at the door of the command line: each one line on stderr naming
 the cause, a non-zero exit, never a traceback."""
 
 from __future__ import annotations

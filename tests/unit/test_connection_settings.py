@@ -1,4 +1,4 @@
-"""The connection flags of issue 30 (``--max-connections-per-client``,
+"""The connection flags (``--max-connections-per-client``,
 ``--body-min-rate``, ``--body-rate-grace``): defaults, flag, environment, config file,
 bad values, and what the HTTP server is told."""
 

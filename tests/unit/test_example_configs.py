@@ -34,7 +34,7 @@ def test_router_config_and_its_presets(table: OptionTable, tmp_path: Path) -> No
     assert chat.sorted_aliases == ("default", "gpt-4o-mini")
     assert catalog.startup_models() == ("embed",)
     # The two files together: each model gets the context its preset section gives it,
-    # not one the router config forces on all (issue 25).
+    # not one the router config forces on all.
     ctx = {e.name: e.preset.get("LLAMA_ARG_CTX_SIZE") for e in catalog}
     assert ctx == {"chat": "8192", "coder": "8192", "embed": "2048"}
 

@@ -1,7 +1,7 @@
 """Behaviour checks that hold for the real ``llama-server`` and for the fake alike.
 
 The suite runs each check against both engines: that is what shows the fake
-mirrors the real one (DESIGN.md principle 8). Every check takes the engine's
+mirrors the real one (ARCHITECTURE.md, principle 8). Every check takes the engine's
 command line and runs its own process.
 """
 

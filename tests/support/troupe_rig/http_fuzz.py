@@ -1,4 +1,4 @@
-"""A differential fuzzer for troupe's request parser, with h11 as the oracle (issue 21).
+"""A differential fuzzer for troupe's request parser, with h11 as the oracle.
 
 `requests()` is a Hypothesis strategy of raw request bytes near the edge of what
 HTTP/1.1 allows: odd methods, targets (origin, absolute, asterisk form, control

@@ -35,7 +35,7 @@ def write_gguf(
 
 
 def add_spm_vocab(w: gguf.GGUFWriter, n_pieces: int = 35) -> int:
-    """The SPM vocabulary of notes §C: <unk> <s> </s>, 256 byte tokens, pieces."""
+    """An SPM vocabulary: <unk> <s> </s>, 256 byte tokens, pieces."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
     tokens += [f"\u2581p{i}" for i in range(n_pieces)]
     types = [2, 3, 3] + [6] * 256 + [1] * n_pieces
@@ -60,7 +60,7 @@ def llama_like(
     tensors: bool = True,
     extra: Build | None = None,
 ) -> Build:
-    """The tiny loadable llama of notes §C (F16 matrices, F32 norms)."""
+    """A tiny loadable llama (F16 matrices, F32 norms)."""
 
     def build(w: gguf.GGUFWriter) -> None:
         w.add_name("tiny-llama")

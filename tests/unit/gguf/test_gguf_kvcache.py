@@ -1,4 +1,4 @@
-"""KV-cache bytes as llama.cpp allocates them (notes §B3)."""
+"""KV-cache bytes as llama.cpp allocates them (``llama-kv-cache.cpp``)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ MiB = 1 << 20
 
 @pytest.fixture
 def tiny(files: Any) -> ModelFacts:
-    """notes §C/§B3: 4 layers, 2 KV heads x 32 (n_embd 128 / 4 heads), ctx 512."""
+    """The tiny llama of conftest: 4 layers, 2 KV heads x 32 (n_embd 128 / 4 heads), ctx 512."""
     return model_facts(read_header(files.llama(tensors=False)))
 
 

@@ -1,4 +1,4 @@
-"""GREEN / YELLOW / RED (Jan's rule, notes §A4) and the estimate that feeds it."""
+"""GREEN / YELLOW / RED (Jan's rule) and the estimate that feeds it."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ class Ask:
     kind: str  # acquire | load | unload | stop_all | reload | keep_alive
     model: str
     autoload: bool = True
-    post: bool = True  # a POST: using the model makes it recently used (§6.3 last_used)
+    post: bool = True  # a POST: using the model makes it recently used (upstream's last_used)
     step: int = 0  # the step it arrived in (a reply in a later step means it waited)
 
 
@@ -463,7 +463,7 @@ class World:
 
     def check_nothing_left_undone(self) -> None:
         """After any event the core is at rest: nothing it could do now is left for a
-        later, unrelated event (no polling, DESIGN principle 3)."""
+        later, unrelated event (no polling, ARCHITECTURE.md principle 3)."""
         assert self.core is not None
         core = self.core
         entries = core.queue.entries

@@ -1,4 +1,4 @@
-"""SSE `Emit`s: upstream's event names and data shapes (§6.1, §7)."""
+"""SSE `Emit`s: upstream's event names and data shapes (``/models/sse``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TTL expiry, crash-loop hold and shutdown in the core (§6.5, §6.7, §6.8)."""
+"""TTL expiry, crash-loop hold and shutdown in the core."""
 
 from __future__ import annotations
 

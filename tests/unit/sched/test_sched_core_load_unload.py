@@ -1,4 +1,4 @@
-"""`POST /models/load` / `POST /models/unload` in the core (§3.4, §6.5)."""
+"""`POST /models/load` / `POST /models/unload` in the core (as upstream)."""
 
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ def test_stopping_model_is_not_granted_new_requests() -> None:
 
 def test_unload_right_after_load_stops_the_model() -> None:
     # Upstream's load() has set `loading` and spawned before the 200 goes out, so an
-    # unload that follows the 200 finds the model running and kills it (§3.4, §6.5).
+    # unload that follows the 200 finds the model running and kills it (as upstream).
     b = Bench()
     rid = b.rid()
     out = b.load(rid, "a")

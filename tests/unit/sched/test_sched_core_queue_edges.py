@@ -41,7 +41,7 @@ def test_entry_of_a_failed_spawn_is_freed_when_its_waiters_leave() -> None:
 
 
 def test_request_arriving_while_a_loading_model_is_killed_gets_the_next_instance() -> None:
-    # §6.5: "A request that arrives for a stopping model waits, via the queue, for the
+    # Upstream: "A request that arrives for a stopping model waits, via the queue, for the
     # next instance." Here the stopping model was claimed by an earlier waiter.
     b = Bench()
     w1 = b.rid()

@@ -1,4 +1,4 @@
-"""`SchedulerCore.acquire`/`release`: the autoload wait and the admission queue (§6.2-§6.4)."""
+"""`SchedulerCore.acquire`/`release`: the autoload wait and the admission queue."""
 
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ def test_clean_exit_while_loading_answers_400_not_running() -> None:
 
 
 def test_signal_death_is_recorded_with_the_code_the_actor_reports() -> None:
-    # The actor maps a signal death to 1 (§5.4); the core stores whatever code it gets.
+    # The actor maps a signal death to 1 (as upstream); the core stores whatever code it gets.
     b = Bench()
     b.bring_up("a")
     b.exited("a", 1, expected=False)

@@ -403,7 +403,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             out = self.core.child_state(model, old, event, {}, now)
         assert out == [], f"stale {event} of {model} gen {old} had effects {out}"
 
-    # ----- catalogue reload (§6.9) ---------------------------------------------------------
+    # ----- catalogue reload ---------------------------------------------------------------
 
     @precondition(lambda self: self.core is not None)
     @rule(restart=st.lists(st.integers(0, 4), max_size=2), always=st.booleans())
