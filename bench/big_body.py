@@ -1,5 +1,5 @@
 """A 100 MB JSON body must not stall anyone else: another client's ``GET /health``
-latency while one keyed client posts a body of small numbers (issue 30).
+latency while one keyed client posts a body of small numbers.
 
 ``troupe serve`` (the real engine, tiny models, ``--api-key``) gets one ``POST
 /v1/chat/completions`` whose body is ``{"messages": [...], "pad": [0,1,2,...],

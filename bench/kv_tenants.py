@@ -1,4 +1,4 @@
-"""The tenant probe of issue 30: can tenant B learn tenant A's prompt from the KV store?
+"""The tenant probe: can tenant B learn tenant A's prompt from the KV store?
 
 ``troupe serve`` with its KV store, two named keys (``--named-api-keys``), the real engine
 and Gemma 3 270M (the demo model), one slot (``--parallel 1``: B's request must take the

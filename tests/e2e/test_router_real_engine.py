@@ -1,4 +1,4 @@
-"""troupe in front of the real llama-server with tiny models (issues 3 and 4, end to end)."""
+"""troupe in front of the real llama-server with tiny models, end to end."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Connections held open by an attacker (issue 30): thousands of half-sent heads
+"""Connections held open by an attacker: thousands of half-sent heads
 (slowloris) and ``GET /health`` requests declaring a body they never send, then a real
 client, which must be served in under a second; and a body trickled a byte every 2 s,
 which must be closed once its grace is over (troupe: ``--body-min-rate``)."""

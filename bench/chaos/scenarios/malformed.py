@@ -121,7 +121,7 @@ def corpus() -> list[Case]:
              must_close=True),
         Case("http10", b"GET /health HTTP/1.0\r\n\r\n", frozenset({"2xx"}), must_close=True),
         Case("proxied-close", _post(ok_body), frozenset({"2xx"}), must_close=True),
-        # Issue 21's rows (RFC 9112, decided at the head, local routes' errors in JSON):
+        # The edge's own rows (RFC 9112, decided at the head, local routes' errors in JSON):
         Case("http09", b"GET /health\r\n\r\n", CLEAR_OR_CLOSE),
         Case("h2-preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", CLEAR_OR_CLOSE),
         Case("no-host", b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n", CLEAR),
