@@ -77,10 +77,8 @@ def validate_model(ctx: Router, name: str, autoload: bool) -> ModelEntry | Failu
     rejected = ctx.rejection(entry)
     if rejected:
         return Failure.bad_request(f"model '{entry.name}' cannot be served: {rejected}")
-    if not autoload:
-        view = ctx.scheduler.snapshot.models.get(entry.name)
-        if view is None or not view.status.is_running:
-            return Failure.bad_request("model is not loaded")
+    if not autoload and (refused := ctx.scheduler.not_loaded(entry.name)) is not None:
+        return refused  # the scheduler's answer, asked (it is acquire's own)
     return entry
 
 
