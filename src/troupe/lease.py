@@ -245,7 +245,7 @@ class Lease:
         refused: Failure | None = None
         try:
             # A conversation's wait ignores the client going away (a page reload must not
-            # cancel the load); only a stop of the conversation cancels it (§6.6).
+            # cancel the load); only a stop of the conversation cancels it.
             if ticket:
                 with trio.CancelScope(shield=True) as wait_scope:
                     tracker.attach(conv, ticket, wait_scope, owner=owner)
