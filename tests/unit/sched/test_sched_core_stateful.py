@@ -295,13 +295,24 @@ class SchedulerMachine(World, RuleBasedStateMachine):
                     assert self.replan_under_way(), self.out
             return
         had_stop = child is not None and child.stop is not None
+        # POST /models/load calls parked with no victim yet (CPU placement: they wait
+        # while a model started again on a narrower lane comes back).
+        parked = {d.model for d in self.core.requests.direct.values() if d.victim is None}
         self.step(self.core.unload(rid, model, self.tick()))
         r = [x.result for x in self.replies_to(rid)]
         stops = self.of_type(Stop)
         if self.core.cpu is not None:
             # Its stop frees cores: a wider child may be narrowed in the same step (a
-            # re-plan, which check_stops checks); the unload's own stops are these.
-            stops = [s for s in stops if s.cause.reason is not StopReason.REPLAN]
+            # re-plan, which check_stops checks); and a parked load whose wait the unload
+            # ended (it stopped the model being started again) picks its LRU victim now,
+            # counting the stopping one as upstream does (check_stops checks that victim).
+            # The unload's own stops are the others.
+            stops = [
+                s
+                for s in stops
+                if s.cause.reason is not StopReason.REPLAN
+                and not (s.cause.reason is StopReason.LRU and s.cause.for_model in parked)
+            ]
         # A POST /models/load that has slept out fake timing meanwhile may evict for itself.
         awake = self.loads_awake()
         stops = [
