@@ -145,7 +145,10 @@ class Settler:
                 break
         for rid, d in list(self._requests.direct.items()):
             self._advance_direct(rid, d, now)
-        self._respawn_replanned(now)
+        if self._respawn_replanned(now):
+            # A restart called off: a load that waited for it picks its victim now.
+            for rid, d in list(self._requests.direct.items()):
+                self._advance_direct(rid, d, now)
         self.placement.narrow(now)
         self._tick(now)
         self.measure_next()
@@ -164,17 +167,20 @@ class Settler:
         entries = [(e.model, e.loading, e.waiters) for e in self._queue.entries]
         return entries, len(self._requests.waiters)
 
-    def _respawn_replanned(self, now: float) -> None:
+    def _respawn_replanned(self, now: float) -> bool:
         """A child stopped to be narrowed starts again on its new lane, after the waiters
         (the model it made room for plans first); with no slot left for it, it is just
-        unloaded (a request brings it back)."""
+        unloaded (a request brings it back). True if one was unloaded."""
+        called_off = False
         for m in list(self._table):
             if m.phase is not Phase.REPLANNING:
                 continue
             if self._requests.closed or not self.has_capacity():
                 m.move(Phase.UNLOADED)
+                called_off = True
             elif not self._changes.reloading and self.placement.admits(m, now):
                 self._children.spawn(m, now, delay=0.0, cpu=self.placement.take(m.name))
+        return called_off
 
     def _finish_reload(self, now: float) -> None:
         """Swap in the new model list (upstream's reload, after its stops), once every model

@@ -448,16 +448,23 @@ class World:
             assert self.wanted(target), f"{s} but nobody waits for {target}"
             assert target in needy, f"{s} but {target} needs no slot; queue={entries}"
             victim = snap[s.model]
+            # A POST /models/load picks its victim as upstream's unload_lru does, by
+            # recency alone (sched.settle `_advance_direct`), fair admission or not.
+            by_load = any(
+                (d.model, d.victim, d.victim_gen) == (target, s.model, s.gen)
+                for d in core.requests.direct.values()
+            )
             for other in eligible:
                 # With fair admission the least demand goes first (sched.lru), else LRU.
-                assert self.victim_key(victim) <= self.victim_key(other), (
+                fair = not by_load
+                assert self.victim_key(victim, fair) <= self.victim_key(other, fair), (
                     f"{s} evicts {victim.name} (used {victim.last_used}) before "
                     f"{other.name} (used {other.last_used})"
                 )
 
-    def victim_key(self, v: ModelView) -> tuple[float, float, str]:
+    def victim_key(self, v: ModelView, fair: bool = True) -> tuple[float, float, str]:
         assert self.core is not None
-        fair = self.core.drain_after is not None
+        fair = fair and self.core.drain_after is not None
         wanted = demand(self.core.table.models[v.name], self.now) if fair else 0.0
         return (wanted, v.last_used, v.name)
 

@@ -221,3 +221,28 @@ def test_a_model_started_again_narrower_shows_loaded_and_a_load_judges_it_once_b
     (evict,) = stops(b.ready("a"))
     assert (evict.model, evict.cause) == ("a", StopCause(StopReason.LRU, "c"))
     assert reply_to(b.finish_stop(evict), wc) is None
+
+
+def test_a_load_that_waited_for_a_restart_called_off_picks_its_victim_at_once() -> None:
+    # A POST /models/load waits while a narrowed model is started again (it may be the
+    # victim); when a queued request takes that slot instead, the restart is called off
+    # and the load picks its LRU victim in the same event, not at some later one.
+    b = Bench(["a", "b", "c", "d"], models_max=2, cpu=ledger(2), fake_timing=True)
+    b.load(b.rid(), "a")
+    b.on_time(b.now + 2.0)  # upstream's load() sleeps 2 s first
+    b.spawned("a")
+    b.ready("a")
+    b.load(b.rid(), "b")
+    (replan,) = stops(b.on_time(b.now + 2.0))
+    assert replan.cause == StopCause(StopReason.REPLAN, "b")
+    b.spawned("b")
+    b.ready("b")
+    wc = b.rid()
+    assert b.load(wc, "c") == []  # asleep for 2 s
+    due = b.now + 2.0
+    b.acquire(b.rid(), "d")  # queued: no slot
+    b.now = due - 1.0
+    out = b.finish_stop(replan)  # at the load's wake-up: d takes a's slot, a stays down
+    assert [s.model for s in spawns(out)] == ["d"], out
+    assert b.view("a").phase is Phase.UNLOADED
+    assert [(s.model, s.cause) for s in stops(out)] == [("b", StopCause(StopReason.LRU, "c"))]
