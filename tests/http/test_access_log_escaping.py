@@ -9,27 +9,13 @@ import json
 import logging
 
 import pytest
-import trio
 
 from troupe.ops.access import escape
 from troupe.ops.logformat import JsonFormatter
-from troupe_rig.router import RouterFactory, RunningRouter
+from troupe_rig.router import RouterFactory
+from troupe_rig.wire import exchange
 
 FORGED = b"/v1/models%0A2030-01-01%2000:00:00,000%20INFO%20troupe.access:%20%22GET%20/admin%22"
-
-
-async def raw(router: RunningRouter, wire: bytes) -> bytes:
-    host, port = router.url.removeprefix("http://").rsplit(":", 1)
-    stream = await trio.open_tcp_stream(host, int(port))
-    got = b""
-    try:
-        await stream.send_all(wire)
-        with trio.fail_after(10):
-            while chunk := await stream.receive_some(65536):
-                got += chunk
-    finally:
-        await stream.aclose()
-    return got
 
 
 def test_escape_is_nginx_s() -> None:
@@ -44,7 +30,7 @@ async def test_a_newline_in_the_path_or_the_model_cannot_forge_a_line(
 ) -> None:
     caplog.set_level(logging.INFO, logger="troupe.access")
     async with fake_router({"a": {}}, "--access-log", "on") as router:
-        got = await raw(
+        got = await exchange(
             router, b"GET %b HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n" % FORGED
         )
         assert got.startswith(b"HTTP/1.1 404 ")
@@ -52,7 +38,7 @@ async def test_a_newline_in_the_path_or_the_model_cannot_forge_a_line(
         wire = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         wire += b"Content-Type: application/json\r\n"
         wire += b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(body), body)
-        assert (await raw(router, wire)).split(b" ", 2)[1] == b"400"
+        assert (await exchange(router, wire)).split(b" ", 2)[1] == b"400"
         await router.ctx.requests.wait_until(lambda r: r.path.startswith("/v1/completions"))
     # the writer flushes its pending batch (WRITE_EVERY) as the router stops
     lines = [r for r in caplog.records if r.name == "troupe.access"]

@@ -7,26 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import trio
-
-from troupe_rig.router import RouterFactory, RunningRouter
+from troupe_rig.router import RouterFactory
+from troupe_rig.wire import exchange
 
 KEY = {"Authorization": "Bearer SECRET"}
-
-
-async def raw(router: RunningRouter, wire: bytes) -> bytes:
-    """``wire`` on a fresh connection, everything read until the server closes."""
-    host, port = router.url.removeprefix("http://").rsplit(":", 1)
-    stream = await trio.open_tcp_stream(host, int(port))
-    try:
-        await stream.send_all(wire)
-        got = b""
-        with trio.fail_after(10):
-            while chunk := await stream.receive_some(65536):
-                got += chunk
-        return got
-    finally:
-        await stream.aclose()
 
 
 async def test_refusals_at_the_door_are_recorded_with_why(fake_router: RouterFactory) -> None:
@@ -37,12 +21,12 @@ async def test_refusals_at_the_door_are_recorded_with_why(fake_router: RouterFac
         assert (await http.get("/v1/models")).status_code == 401
         assert (await http.get("/no/such/route", headers=KEY)).status_code == 404
         wire = b"GET /v1/models HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n"
-        assert (await raw(router, wire)).startswith(b"HTTP/1.1 403 ")
-        assert (await raw(router, b"NOT HTTP AT ALL\r\n\r\n")).startswith(b"HTTP/1.1 400 ")
+        assert (await exchange(router, wire)).startswith(b"HTTP/1.1 403 ")
+        assert (await exchange(router, b"NOT HTTP AT ALL\r\n\r\n")).startswith(b"HTTP/1.1 400 ")
         # A body over the router's own limit for a local route, refused at its head.
         big = b"POST /models/load HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer SECRET"
         big += b"\r\nContent-Length: 99999999\r\n\r\n{"
-        assert (await raw(router, big)).startswith(b"HTTP/1.1 413 ")
+        assert (await exchange(router, big)).startswith(b"HTTP/1.1 413 ")
 
         await router.ctx.requests.wait_until(lambda r: r.status == 413)
         resp = await http.get("/troupe/requests", params={"kind": "local"}, headers=KEY)

@@ -10,39 +10,11 @@ import logging
 from pathlib import Path
 
 import pytest
-import trio
 
 from troupe_rig.router import RouterFactory, RunningRouter
+from troupe_rig.wire import connect, first_answer, until_closed
 
 HUGE = 100 << 20
-
-
-def port_of(router: RunningRouter) -> int:
-    return int(router.url.rsplit(":", 1)[1])
-
-
-async def connect(router: RunningRouter) -> trio.SocketStream:
-    return await trio.open_tcp_stream("127.0.0.1", port_of(router))
-
-
-async def first_answer(stream: trio.abc.Stream) -> bytes:
-    """Bytes until the first response's head is complete (and what came with it)."""
-    got = b""
-    with trio.fail_after(10):
-        while b"\r\n\r\n" not in got:
-            chunk = await stream.receive_some(65536)
-            if not chunk:
-                break
-            got += chunk
-    return got
-
-
-async def until_closed(stream: trio.abc.Stream) -> bytes:
-    got = b""
-    with trio.fail_after(10):
-        while chunk := await stream.receive_some(65536):
-            got += chunk
-    return got
 
 
 async def exchange(router: RunningRouter, wire: bytes) -> bytes:

@@ -19,7 +19,8 @@ from troupe.http.server.exchange import Exchange
 from troupe.http.server.lifecycle import HttpServer
 from troupe.http.server.parse import Refusal, Request
 from troupe_rig.bare_server import read_all, serve_bare
-from troupe_rig.router import RouterFactory, RunningRouter
+from troupe_rig.router import RouterFactory
+from troupe_rig.wire import connect, first_answer, until_closed
 
 HALF_HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # no blank line: never complete
 HOLD = b"GET /hold HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -68,30 +69,6 @@ async def start(nursery: trio.Nursery, config: ServerConfig) -> tuple[HttpServer
 
 async def tcp(port: int) -> trio.SocketStream:
     return await trio.open_tcp_stream("127.0.0.1", port)
-
-
-async def connect(router: RunningRouter) -> trio.SocketStream:
-    return await tcp(int(router.url.rsplit(":", 1)[1]))
-
-
-async def first_answer(stream: trio.abc.Stream) -> bytes:
-    """Bytes until the first response's head is complete (and what came with it)."""
-    got = b""
-    with trio.fail_after(10):
-        while b"\r\n\r\n" not in got:
-            chunk = await stream.receive_some(65536)
-            if not chunk:
-                break
-            got += chunk
-    return got
-
-
-async def until_closed(stream: trio.abc.Stream) -> bytes:
-    got = b""
-    with trio.fail_after(10):
-        while chunk := await stream.receive_some(65536):
-            got += chunk
-    return got
 
 
 def body_of(answer: bytes) -> bytes:

@@ -12,38 +12,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import trio
 
-from troupe_rig.router import RouterFactory, RunningRouter
+from troupe_rig.router import RouterFactory
+from troupe_rig.wire import connect, exchange, first_answer
 
 EVIL = b"http://evil.example"
-
-
-async def connect(router: RunningRouter) -> trio.SocketStream:
-    return await trio.open_tcp_stream("127.0.0.1", int(router.url.rsplit(":", 1)[1]))
-
-
-async def first_answer(stream: trio.abc.Stream) -> bytes:
-    """Bytes until the first response's head is complete."""
-    got = b""
-    with trio.fail_after(10):
-        while b"\r\n\r\n" not in got and (chunk := await stream.receive_some(65536)):
-            got += chunk
-    return got
-
-
-async def exchange(router: RunningRouter, wire: bytes) -> bytes:
-    """``wire`` sent, everything read until the server closes."""
-    stream = await connect(router)
-    got = b""
-    try:
-        await stream.send_all(wire)
-        with trio.fail_after(10):
-            while chunk := await stream.receive_some(65536):
-                got += chunk
-    finally:
-        await stream.aclose()
-    return got
 
 
 def simple_post(path: bytes, body: bytes, origin: bytes | None, extra: bytes = b"") -> bytes:
