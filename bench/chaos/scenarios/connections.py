@@ -12,6 +12,7 @@ import trio
 
 from chaos.client import OK
 from chaos.scenario import Ctx, Scenario, preset_launch, seconds, until_ok
+from chaos.scenarios.malformed import dripped
 
 HALF_HEAD = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # never complete
 BODY_NEVER_SENT = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n"
@@ -74,29 +75,9 @@ async def trickled_body(ctx: Ctx) -> None:
         b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
     )
     bound = GRACE_S + 6.0
-    t0 = trio.current_time()
-    stream = await trio.open_tcp_stream(*ctx.client.address)
-    answer = b""
-    try:
-        with trio.move_on_after(bound) as waited:
-            await stream.send_all(head)
-            async with trio.open_nursery() as nursery:
-
-                async def drip() -> None:
-                    with contextlib.suppress(trio.BrokenResourceError, OSError):
-                        while True:
-                            await stream.send_all(b" ")
-                            await trio.sleep(2)
-
-                nursery.start_soon(drip)
-                with contextlib.suppress(trio.BrokenResourceError, OSError):
-                    while chunk := await stream.receive_some(65536):
-                        answer += chunk
-                nursery.cancel_scope.cancel()
-    finally:
-        await trio.aclose_forcefully(stream)
-    ctx.fig("closed-after", seconds(trio.current_time() - t0))
-    if waited.cancelled_caught:
+    answer, took, timed_out = await dripped(ctx, head, b" ", 2.0, bound)
+    ctx.fig("closed-after", seconds(took))
+    if timed_out:
         ctx.fail(f"a body trickled a byte every 2 s still open after {bound:g} s")
     elif not answer.startswith(b"HTTP/1.1 408 "):
         ctx.fail(f"the trickled body was answered {answer[:12]!r} (expected a 408)")

@@ -173,9 +173,11 @@ async def pipelined(ctx: Ctx) -> str | None:
     return None
 
 
-async def trickled(ctx: Ctx, name: str, head: bytes, piece: bytes, bound: float) -> str | None:
-    """``head``, then ``piece`` every 0.5 s: the server must close within ``bound``
-    (troupe: the head deadline counts empty lines; the body has a total deadline)."""
+async def dripped(
+    ctx: Ctx, head: bytes, piece: bytes, every: float, bound: float
+) -> tuple[bytes, float, bool]:
+    """``head``, then ``piece`` every ``every`` seconds until the server closes or
+    ``bound`` passes: what it answered, the seconds it took, whether ``bound`` passed."""
     t0 = trio.current_time()
     stream = await trio.open_tcp_stream(*ctx.client.address)
     answer = b""
@@ -187,7 +189,7 @@ async def trickled(ctx: Ctx, name: str, head: bytes, piece: bytes, bound: float)
                 async def drip() -> None:
                     with contextlib.suppress(trio.BrokenResourceError, OSError):
                         while True:
-                            await trio.sleep(0.5)
+                            await trio.sleep(every)
                             await stream.send_all(piece)
 
                 nursery.start_soon(drip)
@@ -197,8 +199,15 @@ async def trickled(ctx: Ctx, name: str, head: bytes, piece: bytes, bound: float)
                 nursery.cancel_scope.cancel()
     finally:
         await trio.aclose_forcefully(stream)
-    ctx.fig(name, f"{trio.current_time() - t0:.1f}s")
-    if waited.cancelled_caught:
+    return answer, trio.current_time() - t0, waited.cancelled_caught
+
+
+async def trickled(ctx: Ctx, name: str, head: bytes, piece: bytes, bound: float) -> str | None:
+    """``head``, then ``piece`` every 0.5 s: the server must close within ``bound``
+    (troupe: the head deadline counts empty lines; the body has a total deadline)."""
+    answer, took, timed_out = await dripped(ctx, head, piece, 0.5, bound)
+    ctx.fig(name, f"{took:.1f}s")
+    if timed_out:
         return f"{name}: still open after {bound:g} s"
     if answer and not answer.startswith(b"HTTP/1.1 4"):
         return f"{name}: answered {answer[:12]!r}"
