@@ -20,7 +20,7 @@ from troupe.child.http_threads import http_threads
 from troupe.child.ledger import PidLedger
 from troupe.child.logring import LogRing
 from troupe.child.ports import free_port
-from troupe.child.process import kill_group, pin_process, spawn_child, stop_child
+from troupe.child.process import kill_group, spawn_child, stop_child
 from troupe.child.protocol import iter_lines, parse_state_line
 from troupe.messages import ChildState, Exited, Message, Spawned
 from troupe.modellog import about
@@ -144,13 +144,11 @@ class Instance:
         try:
             port = self.port = free_port()
             argv = list(self.spec.argv(port))
-            proc = await spawn_child(argv, self.spec.env, self.spec.cwd)
+            proc = await spawn_child(argv, self.spec.env, self.spec.cwd, cpus=self.spec.cpus)
         except OSError as exc:
             self._log.error("failed to spawn server instance: %s", exc)
             return 1, f"failed to spawn server instance: {exc.strerror or exc}"
         self.pid = proc.pid
-        if self.spec.cpus is not None:
-            pin_process(proc.pid, self.spec.cpus)
         if self._ledger is not None:
             self._ledger.add(proc.pid, self.model)
         self._log.info("spawned (pid %d) on port %d: %s", proc.pid, port, " ".join(argv))

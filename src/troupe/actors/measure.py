@@ -25,7 +25,7 @@ import attrs
 import trio
 
 from troupe.child.breakdown import BreakdownRow, need_of_rows, parse_breakdown_line
-from troupe.child.process import background, kill_group, pin_process
+from troupe.child.process import kill_group, placed
 from troupe.child.protocol import iter_lines
 from troupe.messages import Measured, MeasureFailed, Message
 from troupe.modellog import about
@@ -132,12 +132,11 @@ class MeasureJob:
                 stderr=subprocess.PIPE,
                 env=dict(self._env),
                 start_new_session=True,
+                # Background work never competes with serving: idle priority, one core.
+                preexec_fn=placed([max(os.sched_getaffinity(0))], idle=True),
             )
         except OSError as exc:
             return MeasureFailed(self.model, self.fingerprint, f"cannot start: {exc}")
-        # Background work never competes with serving: idle priority, on one core.
-        background(proc.pid)
-        pin_process(proc.pid, [max(os.sched_getaffinity(0))])
         try:
             assert proc.stderr is not None
             with trio.move_on_after(self._timeout) as deadline:

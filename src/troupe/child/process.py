@@ -22,14 +22,14 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import trio
 
 from troupe.child.protocol import EXIT_COMMAND
 
-__all__ = ["background", "kill_group", "pin_process", "spawn_child", "stop_child"]
+__all__ = ["kill_group", "placed", "spawn_child", "stop_child"]
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,16 @@ EXIT_NUDGE = 0.25  # seconds after the exit command before the graceful SIGTERM
 
 
 async def spawn_child(
-    argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path | None = None,
+    *,
+    cpus: Sequence[int] | None = None,
 ) -> trio.Process:
     """Start ``argv`` with piped stdio, leading a new session (so a group kill reaches
-    grandchildren). No PR_SET_PDEATHSIG: Trio spawns from a worker thread whose exit
-    would kill the child (ARCHITECTURE.md, principle 7)."""
+    grandchildren), on ``cpus`` from its first instruction. No PR_SET_PDEATHSIG: Trio
+    spawns from a worker thread whose exit would kill the child (ARCHITECTURE.md,
+    principle 7)."""
     return await trio.lowlevel.open_process(
         list(argv),
         stdin=subprocess.PIPE,
@@ -50,22 +55,32 @@ async def spawn_child(
         env=dict(env),
         cwd=cwd,
         start_new_session=True,
+        preexec_fn=placed(cpus),
     )
 
 
-def pin_process(pid: int, cpus: Sequence[int]) -> None:
-    """Keep ``pid`` on ``cpus`` (its threads started later inherit it; the engine's own
-    pool is pinned by its flags). A process already gone, or a CPU set the kernel
-    refuses, leaves it where it is."""
-    with contextlib.suppress(OSError):
-        os.sched_setaffinity(pid, cpus)
+def placed(cpus: Sequence[int] | None, *, idle: bool = False) -> Callable[[], None] | None:
+    """What runs in the forked child before ``exec``: keep it on ``cpus`` and, when
+    ``idle``, at idle priority (SCHED_IDLE: a CPU only when nothing else wants one).
 
+    Set before ``exec``, so every thread the engine starts inherits it. Pinning the pid
+    after the spawn raced the engine's own threads: those started before the pin kept
+    every CPU (a child with ``--threads 1`` seen on two cores). Only system calls run
+    there (no lock another thread could hold at the fork); a CPU set or policy the
+    kernel refuses leaves the child where it is."""
+    if cpus is None and not idle:
+        return None
+    wanted = None if cpus is None else list(cpus)
 
-def background(pid: int) -> None:
-    """Run ``pid`` at idle priority: it gets a CPU only when nothing else wants one
-    (SCHED_IDLE; any user may lower a process of its own this way)."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+    def place() -> None:
+        if wanted is not None:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, wanted)
+        if idle:
+            with contextlib.suppress(OSError, AttributeError):
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+    return place
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from troupe.child.cpu_flags import cpu_flags, cpu_request, parse_cpu_mask, parse_cpu_range
-from troupe.child.process import background, pin_process
+from troupe.child.process import placed, spawn_child
 from troupe.sched.cpu import CpuPlan, CpuRequest
 
 
@@ -36,14 +36,27 @@ def test_the_command_lines_own_placement_is_read() -> None:
     assert parse_cpu_range("3") == (3,)
 
 
+async def test_a_child_is_on_its_cpus_from_its_first_instruction() -> None:
+    # The child reads its own mask at once: pinning the pid after the spawn came too
+    # late for threads the engine had started by then.
+    cpu = max(os.sched_getaffinity(0))
+    proc = await spawn_child(["grep", "Cpus_allowed_list", "/proc/self/status"], {}, cpus=[cpu])
+    assert proc.stdout is not None
+    out = b""
+    while chunk := await proc.stdout.receive_some():
+        out += chunk
+    await proc.wait()
+    assert out.decode().split(":")[1].strip() == str(cpu)
+
+
 def test_background_work_runs_at_idle_priority_on_the_cores_it_is_given() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        background(proc.pid)
-        assert os.sched_getscheduler(proc.pid) == os.SCHED_IDLE
-        cpu = max(os.sched_getaffinity(0))
-        pin_process(proc.pid, [cpu])
-        assert os.sched_getaffinity(proc.pid) == {cpu}
-    finally:
-        proc.kill()
-        proc.wait()
+    cpu = max(os.sched_getaffinity(0))
+    code = "import os; print(repr((os.sched_getscheduler(0), os.sched_getaffinity(0))), end='')"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        preexec_fn=placed([cpu], idle=True),
+        capture_output=True,
+    ).stdout.decode()
+    assert out == repr((os.SCHED_IDLE, {cpu}))
+    assert placed(None) is None  # nothing to place: nothing runs before exec
