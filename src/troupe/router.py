@@ -45,6 +45,8 @@ from troupe.sched.cpu import CpuLedger
 from troupe.sched.memory import MemoryLedger
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
+from troupe.tenants.book import TenantBook, book_for
+from troupe.tenants.model import Tenants
 
 __all__ = ["FAKE_TIMING_ENV", "Drainable", "Router", "build_router"]
 
@@ -85,6 +87,7 @@ class Router:
     requests: RequestLog = attrs.field(factory=RequestLog)  # recent requests, access log
     history: History = attrs.field(factory=History)  # the dashboard's recent samples
     cluster: Cluster | None = None  # --cluster-nodes: the peers, and where models go
+    tenants: TenantBook = attrs.field(factory=lambda: TenantBook(Tenants()))  # keys' tenants
     # The servers' side of the lifecycle: ready once listening; `http_stop` asks the
     # HTTP server to drain, `http_done` says it has; `http_server` is the drain's handle.
     ready: bool = False
@@ -212,6 +215,7 @@ def build_router(
         fake_timing=fake_timing,
         requests=requests,
         cluster=_cluster(settings),
+        tenants=book_for(settings),
     )
 
 
