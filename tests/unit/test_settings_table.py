@@ -1,6 +1,7 @@
 """The settings table (troupe.settings.table) is the one declaration of every router
 setting: each one reaches `troupe serve --help`, the config file, the environment and
-README's table, and the router flags agree with llama-server's own --help."""
+the reference's table (docs/configuration.md), and the router flags agree with
+llama-server's own --help."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from troupe.settings.table import CONFIG, SETTINGS, Raw, Setting, reference_tabl
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_HELP = (ROOT / "tests" / "data" / "llama-server-help.txt").read_text()
-README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 
 TomlValue = str | int | float | bool | list[str]
 
@@ -199,14 +200,14 @@ def test_every_setting_from_the_file_and_the_environment_as_from_its_flag(
         assert from_env == attrs.evolve(from_flag, base_args=())
 
 
-def test_readme_lists_every_setting() -> None:
-    text = README.read_text()
+def test_the_configuration_page_lists_every_setting() -> None:
+    text = CONFIGURATION.read_text()
     begin, end = "<!-- settings-table: begin -->\n", "<!-- settings-table: end -->"
     assert begin in text
     assert end in text
     shown = text.split(begin, 1)[1].split(end, 1)[0]
     assert shown == reference_table(), (
-        "README's settings table is not the table's: replace it with the output of\n"
+        "docs/configuration.md's settings table is not the table's: replace it with the output of\n"
         "  .venv/bin/python -c 'from troupe.settings.table import reference_table as t; "
         'print(t(), end="")\''
     )

@@ -5,7 +5,8 @@ A new setting is one `Setting` below, listed in `SETTINGS` at its place in ``--h
 and its field in `RouterSettings`, read in ``build_settings``. From this table come the
 option tables that split troupe's flags from llama-server's (``troupe.settings.router``),
 the config file's keys and their types (``troupe.settings.config_file``), ``troupe serve
---help`` (``troupe.cli_help``) and the settings table in README.md (`reference_table`);
+--help`` (``troupe.cli_help``) and the settings table in docs/configuration.md
+(`reference_table`);
 ``tests/unit/test_settings_table.py`` checks that each setting reaches all of them.
 
 Two kinds: llama-server's router flags (``own=False``: the engine's own ``--help`` is
@@ -681,7 +682,8 @@ SETTINGS: tuple[Setting[object], ...] = (
 
 
 def reference_table() -> str:
-    """README's table of every setting (between its ``settings-table`` markers)."""
+    """docs/configuration.md's table of every setting (between its ``settings-table``
+    markers)."""
     rows = [
         "| Flag | Environment | Config file | Default |",
         "| --- | --- | --- | --- |",
