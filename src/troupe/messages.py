@@ -17,6 +17,7 @@ from troupe.catalog.prepared import PreparedCatalog
 from troupe.download.plan import DownloadPlan
 from troupe.sched.effects import Failure, Grant
 from troupe.sched.memory import MemorySample
+from troupe.sched.terms import DEFAULT_TERMS, TenantTerms
 
 __all__ = [
     "Acquire",
@@ -55,6 +56,8 @@ class Acquire:
     update_last_used: bool
     reply: ReplyChannel
     ready_only: bool = False  # grant only a model that is loaded now; never wait
+    terms: TenantTerms = DEFAULT_TERMS  # whose request (fair queuing, sched.fair)
+    slot: bool = False  # it occupies one of the child's slots (waits while all are taken)
 
 
 @attrs.frozen
@@ -62,6 +65,7 @@ class Release:
     """The lease ``rid`` ended, or its request stopped waiting."""
 
     rid: int
+    tokens: int | None = None  # what its answer used, prompt + generated (None: unknown)
 
 
 @attrs.frozen
@@ -169,6 +173,7 @@ class Spawned:
     port: int
     pid: int
     connections: int = 7  # how many the child serves at once (child/http_threads.py)
+    slots: int | None = None  # its --parallel (child/http_threads.py parallel_slots)
 
 
 @attrs.frozen

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-__all__ = ["http_threads"]
+__all__ = ["http_threads", "parallel_slots"]
 
 SPARE = 1  # a worker left for whoever else asks the child (a metrics scrape, a probe)
 
@@ -39,13 +39,20 @@ def _int(text: str | None) -> int | None:
         return None
 
 
+def parallel_slots(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """The slots (requests decoded at once) of the child started with ``argv`` and
+    ``env``: its ``--parallel``/``-np`` (or ``LLAMA_ARG_N_PARALLEL``), else 4, what
+    llama-server's auto (-1, the default) gives."""
+    parallel = _int(_flag(argv, ("-np", "--parallel"))) or _int(env.get("LLAMA_ARG_N_PARALLEL"))
+    if parallel is None or parallel < 1:
+        parallel = 4  # llama-server's auto
+    return parallel
+
+
 def http_threads(argv: Sequence[str], env: Mapping[str, str], cpus: int | None = None) -> int:
     """The connections a router may keep to the child started with ``argv`` and ``env``."""
     cpus = cpus or os.cpu_count() or 1
     threads = _int(_flag(argv, ("--threads-http",))) or _int(env.get("LLAMA_ARG_THREADS_HTTP"))
     if threads is None or threads < 1:
-        parallel = _int(_flag(argv, ("-np", "--parallel"))) or _int(env.get("LLAMA_ARG_N_PARALLEL"))
-        if parallel is None or parallel < 0:
-            parallel = 4  # llama-server's auto
-        threads = max(parallel + 4, cpus - 1)
+        threads = max(parallel_slots(argv, env) + 4, cpus - 1)
     return max(1, threads - SPARE)

@@ -38,9 +38,10 @@ def demand(m: ModelState, now: float) -> float:
     return m.demand * math.exp(-max(0.0, now - m.demand_at) / DEMAND_TAU)
 
 
-def record_demand(m: ModelState, now: float) -> None:
-    """A request asked for ``m`` at ``now``."""
-    m.demand = demand(m, now) + 1.0
+def record_demand(m: ModelState, now: float, amount: float = 1.0) -> None:
+    """A request asked for ``m`` at ``now``; ``amount``: what it adds (1, less for a
+    tenant whose own requests already weigh `sched.fair.TENANT_DEMAND_CAP`)."""
+    m.demand = demand(m, now) + amount
     m.demand_at = now
 
 

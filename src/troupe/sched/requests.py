@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from troupe.sched.terms import DEFAULT_TERMS, TenantTerms
+
 __all__ = ["DirectLoad", "Lease", "Requests", "Waiter"]
 
 
@@ -17,12 +19,19 @@ class Waiter:
     did_load: bool = False  # this waiter's claim spawned the model
     saw_loading: bool = False
     since: float = 0.0  # when it arrived: a grant in that same event did not wait
+    terms: TenantTerms = DEFAULT_TERMS  # whose request (sched.fair)
+    slot: bool = False  # it occupies one of the child's slots (sched.fair caps those)
+    slot_wait: bool = False  # its model serves; it waits for a slot (sched.fair grants)
+    autoload: bool = True  # False: it may not load the model (it waits for a slot only)
 
 
 @attrs.define
 class Lease:
     model: str
     gen: int
+    tenant: str = ""
+    priority: int = 0
+    slot: bool = False  # counted against the child's slots and the tenant's max_parallel
 
 
 @attrs.define
