@@ -208,9 +208,9 @@ class ChildLauncher:
             self._last_args[model] = args
             return args
 
-        async def save_slots(port: int) -> None:
+        async def save_slots(gen: int) -> None:
             assert kv is not None
-            await kv.save_slots(model, port)
+            await kv.save_slots(model, gen)  # its owner's, for that child generation
 
         return LaunchSpec(
             model=model,

@@ -226,12 +226,9 @@ class Lease:
         grant = self.grant
         if isinstance(body, bytes):
             return kv.steered(
-                grant.model, grant.gen, grant.port, path, body, self.conversation,
-                tenant=self.tenant,
-            )  # fmt: skip
-        return kv.held(
-            grant.model, grant.gen, grant.port, path, body, self.conversation, tenant=self.tenant
-        )
+                grant.model, grant.gen, path, body, self.conversation, tenant=self.tenant
+            )
+        return kv.held(grant.model, grant.gen, path, body, self.conversation, tenant=self.tenant)
 
     async def _wait(self) -> tuple[int, Grant]:
         ctx, model = self.ctx, self.model

@@ -154,7 +154,12 @@ def build_router(
     state_dir = _state_dir(settings)
     logs = ModelLogs()
     metrics = RouterMetrics(settings.api_prefix)
-    kv = _kv_service(settings, state_dir, catalog, metrics)
+    # One transport for every byte sent to a child (the relay, the KV store's calls, the
+    # metrics scrape); the scheduler tells it when a child starts, stops and is gone, so
+    # no connection to a dead child stays open or is reused, and no call meant for one
+    # reaches the next child on its port.
+    relay = Relay(float(settings.timeout), observe=metrics.observe_relay)
+    kv = _kv_service(settings, state_dir, catalog, metrics, relay)
     launcher = ChildLauncher(
         settings,
         engine,
@@ -180,9 +185,6 @@ def build_router(
         measure=True,  # the engine's own projection, for every model it can read
         cpu=cpu_ledger(settings),
     )
-    # One transport for every byte sent to a child; the scheduler tells it when a
-    # child is gone, so no connection to a dead child stays open or is reused.
-    relay = Relay(float(settings.timeout), observe=metrics.observe_relay)
     token = next((v for o, v in settings.base_args if o.long_name == "--hf-token"), None)
     downloads = RouterDownloads(env, state_dir, token)
     scheduler = Scheduler(
@@ -234,7 +236,11 @@ def _state_dir(settings: RouterSettings) -> Path:
 
 
 def _kv_service(
-    settings: RouterSettings, state_dir: Path, catalog: Catalog, metrics: RouterMetrics
+    settings: RouterSettings,
+    state_dir: Path,
+    catalog: Catalog,
+    metrics: RouterMetrics,
+    relay: Relay,
 ) -> KvService | None:
     """The KV store under ``state_dir``/kv: entries of a model no longer listed go.
     ``--kv-store off``: none, or with several keys one without files, that keeps each
@@ -243,10 +249,10 @@ def _kv_service(
     # Several keys: several tenants, whose conversations never meet (`troupe.http.keys`).
     private = len(settings.api_keys) > 1
     if settings.kv_store == "off":
-        return KvService(None, KvMetrics(), private=True) if private else None
+        return KvService(None, KvMetrics(), children=relay.pool, private=True) if private else None
     store = KvStore(state_dir / "kv", settings.kv_store_bytes)
     store.open()
-    kv = KvService(store, KvMetrics(metrics.registry), private=private)
+    kv = KvService(store, KvMetrics(metrics.registry), children=relay.pool, private=private)
     kv.forget_models(e.name for e in catalog)
     return kv
 

@@ -17,10 +17,10 @@ async def test_an_overrunning_save_is_abandoned_and_the_stop_goes_on(
         assert kv is not None
         kv.save_seconds = 0.2  # read into the child's launch spec when it starts
         entered, abandoned = trio.Event(), trio.Event()
-        ports: list[int] = []
+        gens: list[int] = []
 
-        async def hang(model: str, port: int) -> None:
-            ports.append(port)
+        async def hang(model: str, gen: int) -> None:
+            gens.append(gen)
             entered.set()
             try:
                 await trio.sleep_forever()
@@ -35,7 +35,7 @@ async def test_an_overrunning_save_is_abandoned_and_the_stop_goes_on(
         snap = await router.wait_for_status("a", Status.UNLOADED)
         assert abandoned.is_set()
         assert snap.models["a"].exit_code == 0
-        assert len(ports) == 1  # the child's port, once
+        assert len(gens) == 1  # that child's generation, once
 
 
 def _record_saves(router: RunningRouter) -> list[str]:
@@ -44,7 +44,7 @@ def _record_saves(router: RunningRouter) -> list[str]:
     assert kv is not None
     saved: list[str] = []
 
-    async def record(model: str, port: int) -> None:
+    async def record(model: str, gen: int) -> None:
         saved.append(model)
 
     kv.save_slots = record  # type: ignore[method-assign]

@@ -51,7 +51,7 @@ class LaunchSpec:
     log_sink: Callable[[str], None] | None = None  # each stderr line (the model's log store)
     cpus: tuple[int, ...] | None = None  # its CPU lane: the process's affinity from the start
     # Before a stop that is not a kill (the KV store saves the child's slots, given its
-    # port): bounded by before_stop_seconds, then the stop goes on whatever happened.
+    # generation): bounded by before_stop_seconds, then the stop goes on whatever happened.
     before_stop: Callable[[int], Awaitable[None]] | None = None
     before_stop_seconds: float = 10.0
 
@@ -231,7 +231,7 @@ class Instance:
             return
         with trio.move_on_after(self.spec.before_stop_seconds) as scope:
             try:
-                await hook(port)
+                await hook(self.gen)
             except Exception:  # the stop goes on whatever the save did
                 self._log.exception("saving before the stop failed")
         if scope.cancelled_caught:

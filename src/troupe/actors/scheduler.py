@@ -394,7 +394,7 @@ class Scheduler:
             case Rescanned():
                 return self._catalogue.rescanned(msg, core, now)
             case Spawned():
-                self._effects.child_started(msg.model, msg.gen, msg.connections)
+                self._effects.child_started(msg.model, msg.gen, msg.port, msg.connections)
                 return core.spawned(msg.model, msg.gen, msg.port, msg.pid, now)
             case ChildState():
                 return core.child_state(msg.model, msg.gen, msg.state, msg.payload, now)

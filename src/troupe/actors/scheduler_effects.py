@@ -47,11 +47,14 @@ Listener = Callable[[SchedulerEvent], None]
 
 
 class ChildTransport(Protocol):
-    """The one transport to children (the relay's pool), told what becomes of them."""
+    """The one transport to children (the relay's pool), told what becomes of them:
+    started (on a port), stopping (nothing new sent but the KV save), gone (exited)."""
 
-    def set_limit(self, model: str, gen: int, connections: int) -> None: ...
+    def started(self, model: str, gen: int, port: int, connections: int) -> None: ...
 
     def forget(self, model: str, gen: int) -> None: ...
+
+    def gone(self, model: str, gen: int) -> None: ...
 
 
 class Spawner(Protocol):
@@ -158,11 +161,11 @@ class EffectExecutor:
             self.forget_child(effect.model, effect.gen)
             inst.stop(kill=effect.kill, keep=effect.save_slots)  # the core decided
 
-    def child_started(self, model: str, gen: int, connections: int) -> None:
+    def child_started(self, model: str, gen: int, port: int, connections: int) -> None:
         if self._transport is None:
             return
         try:
-            self._transport.set_limit(model, gen, connections)
+            self._transport.started(model, gen, port, connections)
         except Exception:  # the transport's trouble must not take the scheduler down
             about(log, model).exception("telling the transport about the child failed")
 
@@ -170,7 +173,12 @@ class EffectExecutor:
         inst = self.instances.get(model)
         if inst is not None and inst.gen == gen:
             del self.instances[model]
-        self.forget_child(model, gen)
+        if self._transport is None:
+            return
+        try:
+            self._transport.gone(model, gen)  # its port may be the next child's
+        except Exception:  # the transport's trouble must not take the scheduler down
+            about(log, model).exception("dropping the connections to its child failed")
 
     def forget_child(self, model: str, gen: int) -> None:
         if self._transport is None:

@@ -21,7 +21,7 @@ from troupe.http.errors import error_body
 from troupe.http.proxy_routes import handle_proxy_get
 from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
-from troupe.kvstore.engine_api import EngineCallFailed, fetch
+from troupe.kvstore.engine_api import EngineCallFailed
 from troupe.lease import Lease, autoload_flag
 from troupe.router import Router
 
@@ -53,11 +53,11 @@ async def slots(ctx: Router, ex: Exchange) -> None:
             try:
                 async with held:
                     grant = held.grant
-                    status, answer = await fetch(grant.port, "GET", "/slots")
+                    status, answer = await kv.api.fetch(grant, "GET", "/slots")
             except ModelUnavailable as exc:  # (the lease set the record's error)
                 await send_failure(ex, exc.failure)
                 return
-            except (OSError, EngineCallFailed) as exc:
+            except EngineCallFailed as exc:
                 log.warning("proxy error for %s %s: %s", held.model, ex.path, exc)
                 rec.error = f"proxy error: {exc}"
                 await ex.respond(500, rec.error.encode(), "text/plain")

@@ -25,7 +25,7 @@ from troupe.router import Router
 __all__ = ["LOOKUP_TIMEOUT", "stream_delete", "streams_lookup"]
 
 LOOKUP_TIMEOUT = 0.25  # seconds, upstream's STREAM_LOOKUP_TIMEOUT_MS
-_SCOPE: dict[str, Any] = {"headers": [(b"content-type", b"application/json")]}
+_JSON = ((b"content-type", b"application/json"),)
 
 
 async def _lookup_in(
@@ -37,7 +37,7 @@ async def _lookup_in(
         body = dumps({"conversation_ids": [child_id(cid, owner) for cid in ids]})
         answer = None
         with trio.move_on_after(LOOKUP_TIMEOUT):
-            answer = await router.relay.fetch(_SCOPE, grant, "POST", "/v1/streams/lookup", body)
+            answer = await router.relay.fetch(grant, "POST", "/v1/streams/lookup", body, _JSON)
     if answer is None or answer[0] != 200:
         return
     try:
@@ -108,7 +108,7 @@ async def stream_delete(router: Router, ex: Exchange) -> None:
             if grant is not None:  # the child logs its own miss; the answer is ignored
                 target = f"/v1/stream?conv_id={quote(child_id(conv_id, owner), safe='')}"
                 with trio.move_on_after(LOOKUP_TIMEOUT):
-                    await router.relay.fetch(_SCOPE, grant, "DELETE", target, b"")
+                    await router.relay.fetch(grant, "DELETE", target, b"", _JSON)
     elif router.cluster is not None:  # held by another node, if any (--cluster-nodes)
         await ask_every_peer(router, ex, LOOKUP_TIMEOUT * 2)
     await ex.respond(204, b"", "application/json")

@@ -12,10 +12,11 @@ from typing import Any
 
 import trio
 
-from troupe.kvstore.engine_api import EngineCallFailed, call
+from troupe.kvstore.engine_api import EngineApi, EngineCallFailed
 from troupe.kvstore.metrics import KvMetrics
 from troupe.kvstore.store import KvStore, checksum, write_sidecar
 from troupe.modellog import about
+from troupe.proxy.upstream import Child
 
 __all__ = ["CHAT_PATHS", "COMPLETION_PATHS", "MIN_MATCH", "prompt_tokens", "restore_best", "route"]
 
@@ -39,18 +40,21 @@ def route(path: str) -> str | None:
     return None
 
 
-async def prompt_tokens(port: int, kind: str, request: dict[str, Any]) -> list[int] | None:
-    """The request's prompt as the engine tokenizes it (chat: through its template)."""
+async def prompt_tokens(
+    api: EngineApi, child: Child, kind: str, request: dict[str, Any]
+) -> list[int] | None:
+    """The request's prompt as ``child``'s engine tokenizes it (chat: through its template)."""
     if kind == "chat":
         if not isinstance(request.get("messages"), list):
             return None
-        rendered = await call(port, "POST", "/apply-template", request)
+        rendered = await api.call(child, "POST", "/apply-template", request)
         prompt = rendered.get("prompt") if isinstance(rendered, dict) else None
     else:
         prompt = request.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         return None
-    answer = await call(port, "POST", "/tokenize", {"content": prompt, "add_special": True})
+    payload = {"content": prompt, "add_special": True}
+    answer = await api.call(child, "POST", "/tokenize", payload)
     tokens = answer.get("tokens") if isinstance(answer, dict) else None
     if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
         return None
@@ -65,19 +69,20 @@ def _checksum_or_none(path: Path) -> str | None:
 
 
 async def restore_best(
+    api: EngineApi,
     store: KvStore,
     metrics: KvMetrics,
-    model: str,
+    child: Child,
     ident: str,
-    port: int,
     slot: int,
     tokens: list[int],
     tenant: str = "",
 ) -> int:
-    """Restore into ``slot`` the entry of ``ident`` and ``tenant`` sharing the longest
+    """Restore into ``child``'s ``slot`` the entry of ``ident`` and ``tenant`` sharing the longest
     prefix with ``tokens`` (at least `MIN_MATCH`); a corrupt entry met on the way is
     dropped. Returns how many tokens it shares with ``tokens`` (0: nothing restored);
     any trouble is logged and counted, never raised."""
+    model = child.model
     mlog = about(log, model)
     started = trio.current_time()
     try:
@@ -97,7 +102,8 @@ async def restore_best(
             entries, size = store.usage(model)
             metrics.stored_entries.labels(model).set(entries)
             metrics.stored_bytes.labels(model).set(size)
-        answer = await call(port, "POST", f"/slots/{slot}?action=restore", {"filename": path.name})
+        target = f"/slots/{slot}?action=restore"
+        answer = await api.call(child, "POST", target, {"filename": path.name})
     except (OSError, EngineCallFailed) as exc:
         mlog.warning("KV restore failed: %s", exc)
         metrics.restores.labels(model, "failed").inc()

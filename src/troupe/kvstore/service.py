@@ -3,6 +3,10 @@
 - the launcher: `launch_args` (``--slot-save-path``, ``--swa-full`` for SWA models,
   ``--no-cache-idle-slots`` so an idle slot keeps its cells) and `measure_args` (the
   same KV layout, so the engine's projection counts it);
+- the transport (`troupe.proxy.upstream.UpstreamPool`, which it watches): each child
+  generation that starts gets its `SlotOwner` (`troupe.kvstore.owner`), dropped when the
+  child exits; the owner holds the child's `SlotMap` and makes every save and restore,
+  through the same transport, keyed by (model, generation);
 - the instance actor's stop: `save_slots`, run before the exit command and bounded
   by the instance (a save that overruns is abandoned, the stop goes on);
 - the request path: `held` (a parsed request: Ollama's, a realtime response's) or
@@ -11,7 +15,8 @@
   it takes: the conversation there saved first, the stored entry sharing the longest
   prefix with the prompt restored), and sent to it (``id_slot``); the caller tells the
   `Hold` what the slot holds after the answer (`tokens_held`), so a slot too small to
-  keep is later taken without a save.
+  keep is later taken without a save. A request for a generation with no owner (its
+  child gone, or never known) is sent as it came.
 
 Entries are keyed by `kv_identity` of the child's exact argv, so they never cross into
 a child whose KV layout differs.
@@ -46,68 +51,46 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import attrs
-import trio
-
 from troupe.api import last_object
-from troupe.kvstore.engine_api import EngineCallFailed, call
+from troupe.kvstore.engine_api import EngineApi
 from troupe.kvstore.identity import kv_identity
 from troupe.kvstore.metrics import KvMetrics
-from troupe.kvstore.restore import prompt_tokens, restore_best, route
-from troupe.kvstore.slots import Claim, SlotMap, request_text
-from troupe.kvstore.store import KvEntry, KvStore, describe, write_sidecar
+from troupe.kvstore.owner import RESTORE_SECONDS, SLOTS_SECONDS, Hold, SlotOwner
+from troupe.kvstore.restore import route
+from troupe.kvstore.store import KvEntry, KvStore
 from troupe.modellog import about
+from troupe.proxy.upstream import ChildRef, UpstreamPool
 
-__all__ = ["Hold", "KvService", "cached_held", "cached_in", "tokens_held", "tokens_in"]
+__all__ = [
+    "RESTORE_SECONDS",
+    "SLOTS_SECONDS",
+    "Hold",
+    "KvService",
+    "cached_held",
+    "cached_in",
+    "tokens_held",
+    "tokens_in",
+]
 
 log = logging.getLogger("troupe.kvstore")
 
 MIN_TOKENS = 256  # a slot holding fewer cached tokens is cheap to compute again: not saved
 SAVE_SECONDS = 10.0  # all of one stop's saves
-SLOTS_SECONDS = 2.0  # GET /slots (before a stop, or for a child's first request)
-RESTORE_SECONDS = 10.0  # one request's save, lookup and restore
 # A larger body is not steered: parsing it holds the GIL from every client (small
 # numbers: ~28 ms a MiB, so 2 MiB ~57 ms; 100 MiB: seconds). README, "Request bodies".
 STEER_MAX_BODY = 2 << 20
 
 
-@attrs.define
-class Hold:
-    """One request's place on a slot of its child while it runs (`KvService.held`)."""
-
-    slot: int | None  # sent as ``id_slot``; None: sent as it came (not steered)
-    body: bytes = b""  # (`KvService.steered`) the bytes to send
-    # The caller's count, from the answer, of the tokens the slot holds after it
-    # (`tokens_held`): a slot under the store's threshold is then taken without a save.
-    tokens: int | None = None
-    # Sent with ``"cache_prompt": false``: its slot may hold another tenant's tokens.
-    fresh: bool = False
-    # The caller's ``timings.cache_n`` from the answer (`cached_held`): after a restore,
-    # whether the engine reused what was restored.
-    cached: int | None = None
-
-    def fields(self) -> dict[str, Any]:
-        """What a parsed request gets added before it is sent (`KvService.held`)."""
-        out: dict[str, Any] = {} if self.slot is None else {"id_slot": self.slot}
-        if self.fresh:
-            out["cache_prompt"] = False
-        return out
-
-
-@attrs.define
-class _MapOnce:
-    """A child's `SlotMap`, made once by its first request while the others wait."""
-
-    done: trio.Event = attrs.field(factory=trio.Event)
-    map: SlotMap | None = None
-
-
 class KvService:
+    """The store's policy and files; one `SlotOwner` per running child generation,
+    made and dropped as ``children`` (the one transport) reports them."""
+
     def __init__(
         self,
         store: KvStore | None,
         metrics: KvMetrics | None = None,
         *,
+        children: UpstreamPool,
         min_tokens: int = MIN_TOKENS,
         save_seconds: float = SAVE_SECONDS,
         private: bool = False,
@@ -121,8 +104,34 @@ class KvService:
         self._restore_off: dict[str, tuple[str, str]] = {}
         self._idents: dict[str, str] = {}  # model -> its running child's KV identity
         self._live: set[str] = set()  # models whose children's slots are steered
-        self._maps: dict[str, tuple[int, _MapOnce]] = {}  # model -> its child's (gen, map)
         self._keeps: dict[str, bool] = {}  # model -> its child keeps idle slots' cells
+        self._owners: dict[str, SlotOwner] = {}  # model -> its running child's owner
+        self.api = EngineApi(children)  # every call to a child, keyed by (model, gen)
+        children.watch(self)
+
+    # ----- the children, as the transport reports them ---------------------------------------
+
+    def child_started(self, child: ChildRef) -> None:
+        """A child started: its owner, with what its launch said (its KV identity, whether
+        it keeps idle slots), when its slots are the store's to steer."""
+        self._owners.pop(child.model, None)  # an older child's, if its exit was not seen
+        if child.model in self._live:
+            ident = self._idents.get(child.model)
+            keeps = self._keeps.get(child.model, True)
+            self._owners[child.model] = SlotOwner(self, child, ident, keeps)
+
+    def child_gone(self, model: str, gen: int) -> None:
+        """A child exited: its owner goes with it (a request still holding a slot gives it
+        back to a map nobody else sees)."""
+        owner = self._owners.get(model)
+        if owner is not None and owner.child.gen <= gen:
+            owner.gone = True
+            del self._owners[model]
+
+    def owner(self, model: str, gen: int) -> SlotOwner | None:
+        """The owner of ``model``'s child ``gen`` while it runs; None for any other."""
+        owner = self._owners.get(model)
+        return owner if owner is not None and owner.child.gen == gen else None
 
     # ----- the launcher ----------------------------------------------------------------------
 
@@ -193,7 +202,6 @@ class KvService:
         or its own ``--slot-save-path``); its entries stay for when it is back on."""
         self._idents.pop(model, None)
         self._live.discard(model)
-        self._maps.pop(model, None)
 
     def forget_models(self, known: Iterable[str]) -> None:
         """Models no longer in the catalogue lose their entries."""
@@ -217,9 +225,8 @@ class KvService:
 
     def _loose(self, model: str, gen: int) -> contextlib.AbstractContextManager[None]:
         """A request the engine places itself on ``model``'s child ``gen`` (`SlotMap.loose`)."""
-        pending = self._maps.get(model)
-        known = pending[1].map if pending is not None and pending[0] == gen else None
-        return contextlib.nullcontext() if known is None else known.loose()
+        owner = self.owner(model, gen)
+        return contextlib.nullcontext() if owner is None else owner.loose()
 
     def slots_seen_by(self, model: str, gen: int, tenant: str, slots: Any) -> Any:
         """The child's ``GET /slots`` answer as ``tenant`` may see it (several tenants):
@@ -229,14 +236,13 @@ class KvService:
         text). With one tenant, or an answer that is not a list, as it came."""
         if not self.private or not isinstance(slots, list):
             return slots
-        pending = self._maps.get(model)
-        known = pending[1].map if pending is not None and pending[0] == gen else None
+        owner = self.owner(model, gen)
         out: list[Any] = []
         for slot in slots:
             if not isinstance(slot, dict):
                 continue
             sid = slot.get("id")
-            if known is not None and isinstance(sid, int) and known.shows(sid, tenant):
+            if owner is not None and isinstance(sid, int) and owner.shows(sid, tenant):
                 out.append(slot)
                 continue
             idle = {k: slot[k] for k in ("id", "n_ctx", "speculative") if k in slot}
@@ -248,79 +254,23 @@ class KvService:
 
     # ----- before a stop -----------------------------------------------------------------------
 
-    async def save_slots(self, model: str, port: int) -> None:
-        """Save every idle slot of the child at ``port`` that holds enough tokens."""
-        ident = self._idents.get(model)
-        if ident is None or self.restore_off(model) is not None:
-            return
-        mlog = about(log, model)
-        slots: Any = None
-        # A child that cannot say what its slots hold at once (stopped, hung) is not
-        # worth the stop's time.
-        with trio.move_on_after(SLOTS_SECONDS):
-            try:
-                slots = await call(port, "GET", "/slots")
-            except (OSError, EngineCallFailed) as exc:
-                mlog.info("KV save skipped: cannot read its slots: %s", exc)
-                return
-        if slots is None:
-            mlog.info("KV save skipped: its slots did not answer within %gs", SLOTS_SECONDS)
-            return
-        pending = self._maps.pop(model, None)  # its child is stopping
-        known = pending[1].map if pending is not None else None
-        for slot in slots if isinstance(slots, list) else []:
-            if not isinstance(slot, dict) or slot.get("is_processing"):
-                continue
-            # A slot that served a task holds tokens; how many, /slots does not say
-            # reliably (a restored slot's next task reads 0): the saved file tells.
-            if "id_task" not in slot or not isinstance(slot.get("id"), int):
-                continue
-            owner = known.owner(slot["id"]) if known is not None else ""
-            if self.private and not owner:
-                continue  # whose tokens it holds is unknown: no tenant may have them back
-            await self._save_one(model, ident, port, int(slot["id"]), owner or "")
+    async def save_slots(self, model: str, gen: int) -> None:
+        """Before the stop of ``model``'s child ``gen``: its owner saves every idle slot
+        that holds enough tokens (and claims none from now on)."""
+        owner = self.owner(model, gen)
+        if owner is not None:
+            await owner.save_all()
 
-    async def _save_one(
-        self, model: str, ident: str, port: int, slot: int, tenant: str = ""
-    ) -> None:
-        mlog = about(log, model)
-        store = self.store
-        if store is None:  # (only a child with the store's files has an identity)
-            return
-        name = store.new_name()
-        path = store.slot_dir(ident) / f"{name}.bin"
-        started = trio.current_time()
-        entry: KvEntry | None = None
-        try:
-            await call(port, "POST", f"/slots/{slot}?action=save", {"filename": path.name})
-            # The engine writes it with its umask: the conversation is the tenant's own.
-            described = await trio.to_thread.run_sync(describe, path)
-            if described is None:
-                raise EngineCallFailed("the saved file is not a slot file")
-            tokens, digest, size = described
-            if len(tokens) < self.min_tokens:  # cheap to compute again: not kept
-                path.unlink(missing_ok=True)
-                return
-            entry = KvEntry(ident, name, model, tokens, digest, size, 0.0, tenant)
-            store.touch(entry)
-            await trio.to_thread.run_sync(write_sidecar, entry, store.root)
-        except BaseException as exc:
-            # Nothing half-saved stays: no sidecar, no entry (a full disk lands here too).
-            path.unlink(missing_ok=True)
-            if isinstance(exc, (OSError, EngineCallFailed)):
-                mlog.warning("KV save of slot %d failed: %s", slot, exc)
-                self.metrics.saves.labels(model, "failed").inc()
-                return
-            if isinstance(exc, trio.Cancelled):
-                mlog.warning("KV save of slot %d abandoned (over %gs)", slot, self.save_seconds)
-                self.metrics.saves.labels(model, "abandoned").inc()
-            raise
-        seconds = trio.current_time() - started
+    def saved(self, entry: KvEntry, seconds: float, slot: int) -> None:
+        """A slot's save, written and described (`SlotOwner.save_one`): into the store,
+        older entries dropped to stay within its budget, counted."""
+        store, model = self.store, entry.model
+        assert store is not None
         gone = store.add(entry)
         self.metrics.saves.labels(model, "saved").inc()
         self.metrics.bytes.labels(model, "saved").inc(entry.size)
         self.metrics.save_seconds.labels(model).observe(seconds)
-        mlog.info(
+        about(log, model).info(
             "KV: saved slot %d (%d tokens, %.1f MiB) in %.0f ms%s",
             slot,
             len(entry.tokens),
@@ -338,7 +288,6 @@ class KvService:
         self,
         model: str,
         gen: int,
-        port: int,
         path: str,
         body: bytes,
         conv: str = "",
@@ -350,7 +299,8 @@ class KvService:
         with ``"cache_prompt": false``, whatever the route)."""
         kind = route(path)
         request: Any = None
-        steer = kind is not None and model in self._live and len(body) <= STEER_MAX_BODY
+        steer = kind is not None and len(body) <= STEER_MAX_BODY
+        steer = steer and self.owner(model, gen) is not None
         if not steer and self.private:
             # Not steered (any route): the engine picks the slot, which may hold anyone's
             # tokens. The body is not parsed for it (it may be large).
@@ -364,7 +314,7 @@ class KvService:
             with self._loose(model, gen):
                 yield Hold(None, without_cache(body) if self.private else body, fresh=self.private)
             return
-        async with self.held(model, gen, port, path, request, conv, tenant=tenant) as hold:
+        async with self.held(model, gen, path, request, conv, tenant=tenant) as hold:
             fields = hold.fields()
             hold.body = with_fields(body, request, fields) if fields else body
             yield hold
@@ -374,7 +324,6 @@ class KvService:
         self,
         model: str,
         gen: int,
-        port: int,
         path: str,
         request: dict[str, Any],
         conv: str = "",
@@ -391,87 +340,15 @@ class KvService:
         if not self.private:
             tenant = ""
         kind = route(path)
-        ident = self._idents.get(model)  # None: no files, the slots only steered
-        # Not steered, with several tenants: the engine picks a slot (or the client
-        # did) that may hold anyone's tokens, and reuses them unless told not to.
-        fresh = self.private
-        if model not in self._live or kind is None or _several_tasks(request):
+        owner = self.owner(model, gen)  # None: not steered, or its child is gone
+        if owner is None or kind is None or _several_tasks(request):
+            # Not steered, with several tenants: the engine picks a slot (or the client
+            # did) that may hold anyone's tokens, and reuses them unless told not to.
             with self._loose(model, gen):  # (several tasks: the engine spreads them itself)
-                yield Hold(None, fresh=fresh)
+                yield Hold(None, fresh=self.private)
             return
-        slots = await self._slot_map(model, gen, port)
-        chosen = request.get("id_slot", -1)
-        if slots is None or chosen != -1:
-            with contextlib.ExitStack() as stack:
-                if slots is not None and isinstance(chosen, int):
-                    # The client's own choice: that slot is busy meanwhile (no request
-                    # is sent to wait for it in the engine), its content unknown after.
-                    stack.enter_context(slots.outside(chosen))
-                yield Hold(None, fresh=fresh)
-            return
-        claim = await slots.claim(conv, request_text(request), tenant)
-        if claim is None:
-            with slots.loose():
-                yield Hold(None, fresh=fresh)
-            return
-        hold = Hold(claim.slot)
-        answered = False
-        restored = 0
-        try:
-            # Shielded and bounded: a client that leaves meanwhile cannot cut a save or
-            # a restore in two (one that overruns is abandoned: the engine's own reuse
-            # decides what the request gets from the slot, correct either way).
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + RESTORE_SECONDS):
-                try:
-                    restored = await self._prepare(
-                        model, ident, port, kind, request, slots, claim, tenant
-                    )
-                except Exception:  # the store is an optimisation: never the request's failure
-                    about(log, model).exception("KV: moving slot %d failed", claim.slot)
-            # A restore replaced the slot's cells with this tenant's own; else what
-            # another tenant left there must not be reused.
-            hold.fresh = claim.foreign and not restored
+        async with owner.held(kind, request, conv, tenant) as hold:
             yield hold
-            answered = True
-            if restored and ident and request.get("cache_prompt", True) is not False:
-                self._check_restore(model, ident, restored, hold.cached)
-        finally:
-            # Not answered (the client left, the child failed): what the slot holds is
-            # unknown, and it is saved before another conversation takes it.
-            slots.release(claim, answered, hold.tokens)
-
-    async def _prepare(
-        self,
-        model: str,
-        ident: str | None,
-        port: int,
-        kind: str,
-        request: dict[str, Any],
-        slots: SlotMap,
-        claim: Claim,
-        tenant: str,
-    ) -> int:
-        """The claimed slot's old conversation saved, the best entry restored; returns
-        how many of the prompt's tokens the restored entry shares (0: none restored)."""
-        store = self.store
-        if ident is None or store is None:
-            return 0  # no files: the slot keeps what it holds, the engine reuses it or not
-        if self.restore_off(model) is not None:
-            return 0  # the engine ignores what is restored: nothing worth saving either
-        if claim.evict and (claim.owner or not self.private):
-            await self._save_one(model, ident, port, claim.slot, claim.owner or "")
-        if claim.own or not store.entries(ident):
-            return 0
-        try:
-            tokens = await prompt_tokens(port, kind, request)
-        except (OSError, EngineCallFailed) as exc:
-            about(log, model).info("KV restore skipped: cannot tokenize the prompt: %s", exc)
-            return 0
-        if tokens is None:
-            return 0
-        return await restore_best(
-            store, self.metrics, model, ident, port, claim.slot, tokens, tenant
-        )
 
     # ----- whether restores work ---------------------------------------------------------------
 
@@ -480,7 +357,7 @@ class KvService:
         off = self._restore_off.get(model)
         return off[1] if off is not None and off[0] == self._idents.get(model) else None
 
-    def _check_restore(self, model: str, ident: str, shared: int, cached: int | None) -> None:
+    def check_restore(self, model: str, ident: str, shared: int, cached: int | None) -> None:
         """The first answer on a slot restored with ``shared`` tokens of its prompt reused
         ``cached`` of them (None: it did not say, nothing learnt)."""
         if cached is None or cached > 0 or self._idents.get(model) != ident:
@@ -492,38 +369,6 @@ class KvService:
         self._restore_off[model] = (ident, why)
         self.metrics.restores.labels(model, "ignored").inc()
         about(log, model).warning("KV: restores switched off for this model: %s", why)
-
-    async def _slot_map(self, model: str, gen: int, port: int) -> SlotMap | None:
-        """The map of ``model``'s child ``gen``, read from its ``GET /slots`` once (the
-        first request waits for it; None when the child cannot tell)."""
-        pending = self._maps.get(model)
-        if pending is None or pending[0] != gen:
-            pending = (gen, _MapOnce())
-            self._maps[model] = pending
-            once = pending[1]
-            try:
-                with trio.CancelScope(shield=True), trio.move_on_after(SLOTS_SECONDS):
-                    slots = await call(port, "GET", "/slots")
-                    ids = [s["id"] for s in slots if isinstance(s.get("id"), int)]
-                    served = {s["id"] for s in slots if "id_task" in s}
-                    keeps = self._keeps.get(model, True)
-                    once.map = SlotMap(
-                        ids, served, keeps, min_tokens=self.min_tokens, private=self.private
-                    )
-                if once.map is None and self._maps.get(model) is pending:
-                    del self._maps[model]  # too slow to answer now: the next request asks again
-            except OSError as exc:
-                about(log, model).info("KV: cannot read its slots (asked again later): %s", exc)
-                if self._maps.get(model) is pending:
-                    del self._maps[model]
-            except (EngineCallFailed, TypeError, AttributeError) as exc:
-                # It refuses (--no-slots) or answers nonsense: this child is not steered.
-                about(log, model).info("KV: no slot steering, cannot read its slots: %s", exc)
-            finally:
-                once.done.set()
-        once = pending[1]
-        await once.done.wait()
-        return once.map
 
     def _update_gauges(self, model: str) -> None:
         entries, size = self.usage(model)

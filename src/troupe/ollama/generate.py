@@ -115,7 +115,7 @@ async def _on_slot(
         yield Hold(None)
         return
     conv = ex.header(b"x-conversation-id") or ""
-    args = (grant.model, grant.gen, grant.port, child.target, child.body, conv)
+    args = (grant.model, grant.gen, child.target, child.body, conv)
     async with ctx.kv.held(*args, tenant=tenant_of(ctx.settings, ex.request.key_name)) as hold:
         yield hold
 

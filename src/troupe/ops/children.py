@@ -2,7 +2,8 @@
 
 Scraped at scrape time, all children at once, each bounded by a short timeout, so one
 slow child costs a scrape at most that long and never fails it. Through the relay's
-pool (the one transport to children, keyed by generation: a child known to be gone is
+pool (the one transport to children, keyed by (model, generation): the child asked is
+the one the pool knows running, on the port it started on; one stopping or gone is
 never asked), but without a lease: a scrape must never queue, load or keep a model
 warm, and llama-server's ``/metrics`` does not wake a sleeping child. Each sample gets
 a ``model`` label; families of the same name from several children become one.
@@ -17,7 +18,7 @@ import trio
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from troupe.proxy.upstream import ChildRef, UpstreamError, UpstreamPool
+from troupe.proxy.upstream import UpstreamError, UpstreamPool
 
 __all__ = ["CHILD_SCRAPE_TIMEOUT", "merge_families", "scrape_children"]
 
@@ -29,23 +30,22 @@ _HEADERS = ((b"host", b"127.0.0.1"), (b"accept", b"text/plain"))
 
 
 async def scrape_children(
-    pool: UpstreamPool, ports: Mapping[str, int], each: float = CHILD_SCRAPE_TIMEOUT
+    pool: UpstreamPool, models: Iterable[str], each: float = CHILD_SCRAPE_TIMEOUT
 ) -> tuple[dict[str, list[Metric]], dict[str, bool]]:
     """``{model: families}`` of every child that answered, and ``{model: answered}``;
-    ``ports``: the running children's, from the scheduler's snapshot."""
+    ``models``: those the scheduler's snapshot shows ready (the child, its generation
+    and port, are the pool's)."""
     families: dict[str, list[Metric]] = {}
     up: dict[str, bool] = {}
 
-    async def one(model: str, port: int) -> None:
+    async def one(model: str) -> None:
         up[model] = False
-        gen = pool.live_generation(model)
-        if gen is None:
+        child = pool.live(model)
+        if child is None:
             return  # stopped or gone since the snapshot: nothing to ask
         with trio.move_on_after(each):
             try:
-                status, body = await pool.fetch(
-                    ChildRef(model, gen, port), "GET", "/metrics", _HEADERS
-                )
+                status, body = await pool.fetch(child, "GET", "/metrics", _HEADERS)
             except UpstreamError as exc:
                 log.debug("metrics of %s: %s", model, exc)
                 return
@@ -60,8 +60,8 @@ async def scrape_children(
             up[model] = True
 
     async with trio.open_nursery() as nursery:
-        for model, port in ports.items():
-            nursery.start_soon(one, model, port)
+        for model in models:
+            nursery.start_soon(one, model)
     return families, up
 
 

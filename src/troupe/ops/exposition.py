@@ -69,9 +69,9 @@ async def render_metrics(
     ``node``: a cluster node's name, on every sample."""
     snap = scheduler.snapshot
     running = [v for v in snap.models.values() if v.status.is_running]
-    ports = {v.name: v.port for v in running if v.port and v.status.is_ready_or_sleeping}
+    ready = [v.name for v in running if v.status.is_ready_or_sleeping]
     sample = await _sample(scheduler, [v.pid for v in running if v.pid])
-    children, up = await scrape_children(pool, ports)
+    children, up = await scrape_children(pool, ready)
     state = ScrapeState(
         snapshot=scheduler.snapshot,  # the freshest, after the awaits above
         margin=margin,

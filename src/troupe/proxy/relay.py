@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import attrs
 import trio
@@ -200,18 +200,22 @@ class Relay:
     async def aclose(self) -> None:
         await self._pool.aclose()
 
+    def started(self, model: str, gen: int, port: int, connections: int) -> None:
+        """The child ``(model, gen)`` started on ``port``; it serves ``connections`` at once."""
+        self._pool.started(model, gen, port, connections)
+
     def forget(self, model: str, gen: int) -> None:
-        """The scheduler stopped the child ``(model, gen)``, or saw it exit."""
+        """The scheduler is stopping the child ``(model, gen)``."""
         self._pool.forget(model, gen)
 
-    def set_limit(self, model: str, gen: int, connections: int) -> None:
-        """The child ``(model, gen)`` started; it serves ``connections`` at once."""
-        self._pool.set_limit(model, gen, connections)
+    def gone(self, model: str, gen: int) -> None:
+        """The scheduler saw the child ``(model, gen)`` exit."""
+        self._pool.gone(model, gen)
 
     @property
     def pool(self) -> UpstreamPool:
-        """The one transport to children, for callers that speak to them directly
-        (the realtime sessions)."""
+        """The one transport to children, for callers that speak to them directly (the
+        realtime sessions, the KV store, the metrics scrape)."""
         return self._pool
 
     @property
@@ -219,12 +223,16 @@ class Relay:
         return self._pool.idle_count
 
     async def fetch(
-        self, scope: Mapping[str, Any], child: Child, method: str, target: str, body: bytes
+        self,
+        child: Child,
+        method: str,
+        target: str,
+        body: bytes,
+        headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> tuple[int, bytes] | None:
         """A small whole answer from ``child``, or None when it cannot answer. Bound it
-        with a cancel scope (stream lookups and deletes get 250 ms, as upstream). ``scope``
-        gives the request headers (``scope["headers"]``)."""
-        headers = request_headers(scope["headers"], child.port)
+        with a cancel scope (stream lookups and deletes get 250 ms, as upstream)."""
+        headers = request_headers(headers, child.port)
         try:
             return await self._pool.fetch(child, method, target, headers, body)
         except UpstreamError as exc:

@@ -4,13 +4,20 @@ The relay's hot path. Each child keeps a stack of idle keep-alive connections (t
 most recently used first, no scanning); a request goes out in one write; the answer
 is read as `troupe.proxy.answer` says.
 
-Connections are pooled per child, keyed by (model, generation), never by port: a
-port is reused by the next child, and a connection to a child that is gone must
-never be handed out again. The scheduler calls `UpstreamPool.forget` when it stops a
-child and when a child exits: all its connections close at once. An idle one held
+This pool is the one seam to children: the relay, the KV store's calls (its slots,
+tokenize, save and restore) and the ``/metrics`` scrape all go through it, keyed by
+(model, generation), never by port: a port is reused by the next child, and a request
+meant for a child that is gone must never reach whichever child listens there now.
+The scheduler tells it a child's life: `UpstreamPool.started` (its port, how many
+connections it keeps), `forget` when it stops it, `gone` when it exited. From the stop
+on, every connection to it is closed at once and nothing more is sent to it, except a
+``final`` request (the KV store's save before the exit command), on a connection closed
+after its answer; from the exit on, nothing at all (`Gone`). An idle connection held
 llama-server's exit about 110 ms (60 swaps also used to leave hundreds of descriptors
 open); one in use held it for the whole stop-timeout, as llama-server does not exit
-while a request waits on its stopped task loop, which will never answer it.
+while a request waits on its stopped task loop, which will never answer it. Watchers
+(`ChildWatcher`: the KV store keeps one owner per child generation) hear of each start
+and exit.
 
 A request that may have reached a child is never sent twice. A connection the child
 is about to close is not pooled (llama-server closes one after every chunked answer,
@@ -30,6 +37,7 @@ beyond the limit is closed as soon as its answer is over, which frees its thread
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Sequence
@@ -44,12 +52,16 @@ __all__ = [
     "DEFAULT_LIMIT",
     "Child",
     "ChildRef",
+    "ChildWatcher",
+    "Gone",
     "Unreachable",
     "UpstreamError",
     "UpstreamPool",
     "UpstreamResponse",
     "render_request",
 ]
+
+log = logging.getLogger("troupe.proxy")
 
 DEFAULT_LIMIT = 7  # llama-server's own default: max(4 + 4, cpus - 1) workers, less a spare
 _REPEATABLE = (b"GET ", b"HEAD ")  # safe to send again after a break: they change nothing
@@ -72,11 +84,24 @@ class Unreachable(UpstreamError):
     """No connection could be made: nothing of the request left (safe to send elsewhere)."""
 
 
+class Gone(UpstreamError):
+    """The child generation asked for is stopping or has exited: nothing was sent (its
+    port may already be another child's)."""
+
+
 @attrs.frozen
 class ChildRef:
     model: str
     gen: int
     port: int
+
+
+class ChildWatcher(Protocol):
+    """Told of each child generation's start (with its port) and exit (`UpstreamPool.watch`)."""
+
+    def child_started(self, child: ChildRef) -> None: ...
+
+    def child_gone(self, model: str, gen: int) -> None: ...
 
 
 _Key = tuple[str, int]  # (model, generation)
@@ -115,8 +140,11 @@ class UpstreamPool:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._children: dict[_Key, _Child] = {}
-        self._gone: dict[str, int] = {}  # model -> newest generation known to be gone
-        self._live: dict[str, int] = {}  # model -> its running child's generation
+        self._stopped: dict[str, int] = {}  # model -> newest generation stopping or gone
+        self._gone: dict[str, int] = {}  # model -> newest generation known to have exited
+        self._live: dict[str, ChildRef] = {}  # model -> its running child, not stopping
+        self._known: dict[_Key, ChildRef] = {}  # every started child not yet gone
+        self._watchers: list[ChildWatcher] = []
         self._closed = False
 
     # ----- bookkeeping (the scheduler's side) ---------------------------------------------
@@ -131,27 +159,56 @@ class UpstreamPool:
         """Open connections, idle or in use, all children together."""
         return sum(c.open for c in self._children.values())
 
-    def set_limit(self, model: str, gen: int, limit: int) -> None:
-        """The child ``(model, gen)`` started and keeps ``limit`` connections (its fixed
-        workers)."""
-        if not self._is_gone((model, gen)):
-            self._children.setdefault((model, gen), _Child()).limit = max(1, limit)
-            if gen > self._live.get(model, -1):
-                self._live[model] = gen
+    def watch(self, watcher: ChildWatcher) -> None:
+        """``watcher`` hears of every child started and gone from now on."""
+        self._watchers.append(watcher)
 
-    def live_generation(self, model: str) -> int | None:
-        """The generation of ``model``'s child that started and is not known to be gone:
-        the key a caller without a lease (a metrics scrape) may use; None when none."""
+    def started(self, model: str, gen: int, port: int, limit: int = DEFAULT_LIMIT) -> None:
+        """The child ``(model, gen)`` started on ``port`` and keeps ``limit`` connections
+        (its fixed workers). Every older generation of ``model`` is gone: one child of a
+        model runs at a time."""
+        if self._is_gone((model, gen)) or self._stopped.get(model, -1) >= gen:
+            return  # reported after its stop or exit: changes nothing
+        if gen - 1 > self._gone.get(model, -1):
+            self.gone(model, gen - 1)
+        self.set_limit(model, gen, limit)
+        ref = ChildRef(model, gen, port)
+        self._known[(model, gen)] = ref
+        self._live[model] = ref
+        for watcher in list(self._watchers):
+            try:
+                watcher.child_started(ref)
+            except Exception:  # a watcher's bug must not take the transport down
+                log.exception("a watcher of %s's child failed", model)
+
+    def set_limit(self, model: str, gen: int, limit: int) -> None:
+        """The child ``(model, gen)`` keeps ``limit`` connections (its fixed workers)."""
+        if not self._is_stopped((model, gen)):
+            self._children.setdefault((model, gen), _Child()).limit = max(1, limit)
+
+    def live(self, model: str) -> ChildRef | None:
+        """``model``'s child that started and is neither stopping nor gone: what a caller
+        without a lease (a metrics scrape) may ask; None when there is none."""
         return self._live.get(model)
+
+    def child(self, model: str, gen: int) -> ChildRef | None:
+        """The child ``(model, gen)`` as it started (its port), until it is gone."""
+        return None if self._is_gone((model, gen)) else self._known.get((model, gen))
+
+    def accepts(self, model: str, gen: int) -> bool:
+        """Whether a request (not ``final``) to the child ``(model, gen)`` would be sent:
+        it is neither stopping nor gone."""
+        return not self._is_stopped((model, gen))
 
     def forget(self, model: str, gen: int) -> None:
         """The child ``(model, gen)`` (and every older one of ``model``) is stopping or
         gone: close its connections now, idle or in use (an answer being read ends as a
-        broken one)."""
-        if gen > self._gone.get(model, -1):
-            self._gone[model] = gen
-        if self._live.get(model, -1) <= gen:
-            self._live.pop(model, None)
+        broken one); nothing but a ``final`` request is sent to it any more."""
+        if gen > self._stopped.get(model, -1):
+            self._stopped[model] = gen
+        live = self._live.get(model)
+        if live is not None and live.gen <= gen:
+            del self._live[model]
         for key in [k for k in self._children if k[0] == model and k[1] <= gen]:
             state = self._children[key]
             for conn in state.idle:
@@ -163,15 +220,32 @@ class UpstreamPool:
             if state.open <= 0:
                 del self._children[key]
 
+    def gone(self, model: str, gen: int) -> None:
+        """The child ``(model, gen)`` (and every older one) exited: its port may be the
+        next child's, so nothing at all is sent to it any more (`Gone`)."""
+        self.forget(model, gen)
+        if gen > self._gone.get(model, -1):
+            self._gone[model] = gen
+        for key in [k for k in self._known if k[0] == model and k[1] <= gen]:
+            del self._known[key]
+            for watcher in list(self._watchers):
+                try:
+                    watcher.child_gone(*key)
+                except Exception:  # a watcher's bug must not take the transport down
+                    log.exception("a watcher of %s's child failed", model)
+
+    def _is_stopped(self, key: _Key) -> bool:
+        return self._closed or key[1] <= self._stopped.get(key[0], -1)
+
     def _is_gone(self, key: _Key) -> bool:
         return self._closed or key[1] <= self._gone.get(key[0], -1)
 
     # ----- connections --------------------------------------------------------------------
 
-    async def _checkout(self, key: _Key, port: int) -> ChildConnection:
+    async def _checkout(self, key: _Key, port: int, final: bool = False) -> ChildConnection:
         """The most recently used idle connection, else a new one."""
-        if self._is_gone(key):
-            raise UpstreamError("the model's server has exited")
+        if self._is_gone(key) or (not final and self._is_stopped(key)):
+            raise Gone("the model's server has exited")
         state = self._children.setdefault(key, _Child())
         while state.idle:
             conn = state.idle.pop()
@@ -185,7 +259,7 @@ class UpstreamPool:
                 conn = await self._connect(port)
             except BaseException:
                 state.open -= 1
-                if state.open <= 0 and self._is_gone(key):
+                if state.open <= 0 and self._is_stopped(key):
                     self._children.pop(key, None)
                 raise
         state.busy.add(conn)
@@ -197,14 +271,14 @@ class UpstreamPool:
         state = self._children.get(key)
         if state is not None:
             state.busy.discard(conn)
-        keep = reusable and state is not None and not self._is_gone(key)
+        keep = reusable and state is not None and not self._is_stopped(key)
         if keep and state is not None and state.open <= state.limit:
             state.idle.append(conn)
             return
         conn.close_now()
         if state is not None:
             state.open -= 1
-            if state.open <= 0 and self._is_gone(key):
+            if state.open <= 0 and self._is_stopped(key):
                 del self._children[key]
 
     async def _connect(self, port: int) -> ChildConnection:
@@ -233,10 +307,13 @@ class UpstreamPool:
         target: str,
         headers: Sequence[tuple[bytes, bytes]],
         body: bytes,
+        *,
+        final: bool = False,
     ) -> UpstreamResponse:
         """Send one request and wait for the answer's status and headers (``headers``
         without Content-Length: it is computed)."""
-        return await self.send(child, render_request(method, target, headers, body))
+        wire = render_request(method, target, headers, body)
+        return await self.send(child, wire, final=final)
 
     async def fetch(
         self,
@@ -245,18 +322,22 @@ class UpstreamPool:
         target: str,
         headers: Sequence[tuple[bytes, bytes]],
         body: bytes = b"",
+        *,
+        final: bool = False,
     ) -> tuple[int, bytes]:
         """A small answer read whole: its status and decoded body. Raises
-        `UpstreamError`; bound it with a cancel scope."""
-        upstream = await self.request(child, method, target, headers, body)
+        `UpstreamError` (`Gone`: nothing sent); bound it with a cancel scope."""
+        upstream = await self.request(child, method, target, headers, body, final=final)
         try:
             data = b"".join([chunk async for chunk in upstream.chunks()])
         finally:
             upstream.close()  # never blocks: back to the pool, or closed if unfinished
         return upstream.status_code, data
 
-    async def send(self, child: Child, wire: bytes) -> UpstreamResponse:
-        """`request` with the request already rendered (`render_request`).
+    async def send(self, child: Child, wire: bytes, *, final: bool = False) -> UpstreamResponse:
+        """`request` with the request already rendered (`render_request`). ``final``:
+        sent also to a child that is stopping (not to one gone), on a connection closed
+        after the answer (the KV store's save before the exit command).
 
         A pooled connection the child closed in the meantime is mostly found before use;
         one that breaks before any answer is tried again on another connection only when
@@ -266,7 +347,7 @@ class UpstreamPool:
         key = (child.model, child.gen)
         repeatable = wire.startswith(_REPEATABLE)
         while True:  # each stale pooled connection is closed, so this ends
-            conn = await self._checkout(key, child.port)
+            conn = await self._checkout(key, child.port, final)
             fresh = not conn.used
             try:
                 return await self._exchange(key, conn, wire)

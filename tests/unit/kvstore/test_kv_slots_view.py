@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from troupe.kvstore import KvService
-from troupe.kvstore.service import _MapOnce
 from troupe.kvstore.slots import SlotMap
+from troupe.proxy.upstream import UpstreamPool
 
 TEXT = "x" * 1000
 
@@ -104,15 +104,18 @@ def engine_slots() -> list[dict[str, Any]]:
 
 
 async def test_the_service_shows_other_tenants_slots_as_the_engine_shows_an_unused_one() -> None:
-    kv = KvService(None, private=True)
+    pool = UpstreamPool()
+    kv = KvService(None, children=pool, private=True)
+    kv.launch_args("m", ["llama-server"], swa=False)  # steered: its slots are the store's
     assert kv.slots_seen_by("m", 1, "alice", engine_slots()) == [
         {"id": 0, "n_ctx": 2048, "speculative": False, "is_processing": False},
         {"id": 1, "n_ctx": 2048, "speculative": False, "is_processing": False},
     ]  # no map yet: whose tasks, unknown
     slots = SlotMap([0, 1], set(), private=True)
-    once = _MapOnce(map=slots)
-    once.done.set()
-    kv._maps["m"] = (1, once)
+    pool.started("m", 1, 1)  # its child: the owner made, its map as read from GET /slots
+    owner = kv.owner("m", 1)
+    assert owner is not None
+    owner.map = slots
     alice = await slots.claim("", TEXT, "alice")
     assert alice is not None
     assert alice.slot == 0
@@ -124,4 +127,5 @@ async def test_the_service_shows_other_tenants_slots_as_the_engine_shows_an_unus
     # Another child of the model (a restart): the map is not its.
     assert all("id_task" not in s for s in kv.slots_seen_by("m", 2, "alice", engine_slots()))
     # One tenant: the engine's answer as it is.
-    assert KvService(None).slots_seen_by("m", 1, "", engine_slots()) == engine_slots()
+    one = KvService(None, children=UpstreamPool())
+    assert one.slots_seen_by("m", 1, "", engine_slots()) == engine_slots()

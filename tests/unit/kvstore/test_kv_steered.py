@@ -13,6 +13,7 @@ import trio.testing
 
 from troupe.kvstore import KvService, KvStore
 from troupe.kvstore.service import tokens_held, with_slot
+from troupe.proxy.upstream import UpstreamPool
 
 
 @pytest.mark.parametrize(
@@ -25,7 +26,7 @@ from troupe.kvstore.service import tokens_held, with_slot
 async def test_a_request_the_engine_runs_as_several_tasks_is_not_held_on_a_slot(
     tmp_path: Path, request_: dict[str, object]
 ) -> None:
-    kv = KvService(KvStore(tmp_path / "kv", 1 << 30))
+    kv = KvService(KvStore(tmp_path / "kv", 1 << 30), children=UpstreamPool())
     kv.launch_args("m", ["llama-server", "--model", "m.gguf"], swa=False)
     asked: list[bytes] = []
 
@@ -36,9 +37,10 @@ async def test_a_request_the_engine_runs_as_several_tasks_is_not_held_on_a_slot(
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, child, 0, host="127.0.0.1"))
         port = listeners[0].socket.getsockname()[1]
+        kv.api.pool.started("m", 1, port)
         body = json.dumps(request_).encode()
         path = "/v1/completions" if "prompt" in request_ else "/v1/chat/completions"
-        async with kv.steered("m", 1, port, path, body) as hold:
+        async with kv.steered("m", 1, path, body) as hold:
             assert (hold.slot, hold.body) == (None, body)
         await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()

@@ -9,6 +9,7 @@ from pathlib import Path
 from troupe.kvstore import KvEntry, KvService, KvStore, kv_identity
 from troupe.kvstore.slotfile import SLOT_MAGIC, read_tokens
 from troupe.kvstore.store import describe, write_sidecar
+from troupe.proxy.upstream import UpstreamPool
 
 
 def slot_file(path: Path, tokens: list[int], cells: int = 1000) -> Path:
@@ -133,7 +134,7 @@ def test_the_identity_ignores_where_a_child_runs_but_not_what_its_cache_holds(
 
 
 def test_a_child_with_its_own_slot_path_is_left_to_its_user(tmp_path: Path) -> None:
-    kv = KvService(KvStore(tmp_path / "kv", 1 << 30))
+    kv = KvService(KvStore(tmp_path / "kv", 1 << 30), children=UpstreamPool())
     own = ["llama-server", "--model", "m.gguf", "--slot-save-path", "/srv/mine"]
     assert kv.launch_args("m", own, swa=True) == own  # no second path, no --swa-full
     assert not kv.refuses("m", "/slots/0")

@@ -23,6 +23,7 @@ from troupe.kvstore.service import without_cache
 from troupe.kvstore.slotfile import SLOT_MAGIC
 from troupe.kvstore.slots import SlotMap
 from troupe.kvstore.store import describe, write_sidecar
+from troupe.proxy.upstream import UpstreamPool
 
 TOKENS = list(range(1000, 1400))  # over the store's threshold and MIN_MATCH
 
@@ -162,21 +163,30 @@ class Engine:
         elif b"action=restore" in path:
             answer = {"n_read": 1000}
         out = json.dumps(answer).encode()
-        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(out), out))
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(out), out)
+        )
         await stream.aclose()
 
 
 @asynccontextmanager
-async def engine(tokens: list[int]) -> AsyncIterator[tuple[Engine, int]]:
+async def engine(tokens: list[int], *kvs: KvService) -> AsyncIterator[tuple[Engine, int]]:
+    """A stand-in child, started as generation 1 of "m" in the transport of each of ``kvs``."""
     fake = Engine(tokens)
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, fake.serve, 0, host="127.0.0.1"))
-        yield fake, listeners[0].socket.getsockname()[1]
+        port = listeners[0].socket.getsockname()[1]
+        for kv in kvs:
+            kv.api.pool.started("m", 1, port)
+        yield fake, port
+        for kv in kvs:
+            kv.api.pool.gone("m", 1)  # its exit: every connection to it closed
         nursery.cancel_scope.cancel()
 
 
 def service(tmp_path: Path, private: bool) -> tuple[KvService, str]:
-    kv = KvService(KvStore(tmp_path / "kv", 1 << 30), private=private)
+    kv = KvService(KvStore(tmp_path / "kv", 1 << 30), children=UpstreamPool(), private=private)
     args = kv.launch_args("m", ["llama-server", "--model", "m.gguf"], swa=False)
     ident = Path(args[args.index("--slot-save-path") + 1]).name
     return kv, ident
@@ -186,14 +196,14 @@ async def test_a_request_is_restored_only_from_its_own_tenant_s_entry(tmp_path: 
     kv, ident = service(tmp_path, private=True)
     saved(kv.store, ident, TOKENS, "alice")
     body = json.dumps({"model": "m", "prompt": "p", "max_tokens": 1}).encode()
-    async with engine(TOKENS) as (fake, port):
-        async with kv.steered("m", 1, port, "/completion", body, tenant="bob") as hold:
+    async with engine(TOKENS, kv) as (fake, _):
+        async with kv.steered("m", 1, "/completion", body, tenant="bob") as hold:
             sent = json.loads(hold.body)
         assert not any("action=restore" in a for a in fake.asked)
         # An empty slot: nothing of anyone's to reuse, the request goes as usual.
         assert "cache_prompt" not in sent
         assert sent["id_slot"] == hold.slot
-        async with kv.steered("m", 1, port, "/completion", body, tenant="alice") as hold:
+        async with kv.steered("m", 1, "/completion", body, tenant="alice") as hold:
             assert "cache_prompt" not in json.loads(hold.body)
         assert sum("action=restore" in a for a in fake.asked) == 1
 
@@ -202,23 +212,23 @@ async def test_a_slot_another_tenant_used_is_sent_without_its_cache(tmp_path: Pa
     kv, _ = service(tmp_path, private=True)
     prompt = "a shared beginning " * 40
     body = json.dumps({"model": "m", "prompt": prompt}).encode()
-    async with engine(TOKENS[:10]) as (_, port):
+    async with engine(TOKENS[:10], kv) as _:
         for tenant in ("alice", "alice2"):  # both slots used, each by its own tenant
-            async with kv.steered("m", 1, port, "/completion", body, tenant=tenant) as hold:
+            async with kv.steered("m", 1, "/completion", body, tenant=tenant) as hold:
                 hold.tokens = 12  # small: taken later without a save
-        async with kv.steered("m", 1, port, "/completion", body, tenant="bob") as hold:
+        async with kv.steered("m", 1, "/completion", body, tenant="bob") as hold:
             sent = json.loads(hold.body)
         assert sent == {"id_slot": hold.slot, "cache_prompt": False, "model": "m", "prompt": prompt}
         # The client's own slot choice or cache_prompt: the engine picks whose cells.
         own = json.dumps({"model": "m", "prompt": "q", "id_slot": 1, "cache_prompt": True})
-        async with kv.steered("m", 1, port, "/completion", own.encode(), tenant="bob") as hold:
+        async with kv.steered("m", 1, "/completion", own.encode(), tenant="bob") as hold:
             assert json.loads(hold.body)["cache_prompt"] is False
             assert json.loads(hold.body)["id_slot"] == 1
     # One tenant: as before, nothing added but the slot.
     single, _ = service(tmp_path / "one", private=False)
-    async with engine(TOKENS[:10]) as (_, port):
+    async with engine(TOKENS[:10], single) as _:
         for _round in range(3):
-            async with single.steered("m", 1, port, "/completion", body, tenant="bob") as hold:
+            async with single.steered("m", 1, "/completion", body, tenant="bob") as hold:
                 assert json.loads(hold.body) == {
                     "id_slot": hold.slot,
                     "model": "m",
@@ -237,17 +247,17 @@ async def test_a_restore_the_engine_ignored_switches_restores_off_for_the_model(
     saved(kv.store, ident, TOKENS, "")
     saved(kv.store, ident, [5, *TOKENS], "")  # another conversation, for a second try
     body = json.dumps({"model": "m", "prompt": "p"}).encode()
-    async with engine(TOKENS) as (fake, port):
-        async with kv.steered("m", 1, port, "/completion", body) as hold:
+    async with engine(TOKENS, kv) as (fake, _):
+        async with kv.steered("m", 1, "/completion", body) as hold:
             hold.cached = None  # the answer did not say: nothing learnt
         assert kv.restore_off("m") is None
-        async with kv.steered("m", 1, port, "/completion", body, conv="c2") as hold:
+        async with kv.steered("m", 1, "/completion", body, conv="c2") as hold:
             hold.cached = 0  # the engine evaluated the whole prompt again
         assert sum("action=restore" in a for a in fake.asked) == 2
         off = kv.restore_off("m")
         assert off is not None
         assert "reused none of 400 restored tokens" in off
-        async with kv.steered("m", 1, port, "/completion", body, conv="c3") as hold:
+        async with kv.steered("m", 1, "/completion", body, conv="c3") as hold:
             pass
         assert sum("action=restore" in a for a in fake.asked) == 2
         assert kv.metrics.restores.labels("m", "ignored")._value.get() == 1
@@ -261,8 +271,8 @@ async def test_a_restore_the_engine_used_keeps_restores_on(tmp_path: Path) -> No
     saved(kv.store, ident, TOKENS, "")
     body = json.dumps({"model": "m", "prompt": "p"}).encode()
     async with (
-        engine(TOKENS) as (_, port),
-        kv.steered("m", 1, port, "/completion", body) as hold,
+        engine(TOKENS, kv) as _,
+        kv.steered("m", 1, "/completion", body) as hold,
     ):
         hold.cached = 399
     assert kv.restore_off("m") is None
@@ -288,9 +298,9 @@ async def test_with_several_tenants_a_request_not_steered_is_sent_without_the_ca
 ) -> None:
     kv, _ = service(tmp_path, private=True)
     body = b'{"model": "m", "input": "' + b"x" * (9 << 20) + b'"}'  # over the parse limit
-    async with engine([]) as (fake, port):
+    async with engine([], kv) as (fake, _):
         for path, sent in (("/v1/embeddings", b'{"model": "m"}'), ("/v1/completions", body)):
-            async with kv.steered("m", 1, port, path, sent, tenant="bob") as hold:
+            async with kv.steered("m", 1, path, sent, tenant="bob") as hold:
                 assert hold.slot is None
                 assert hold.body.endswith(b',"cache_prompt":false}')
                 assert hold.body.startswith(sent[:-1])
@@ -299,7 +309,7 @@ async def test_with_several_tenants_a_request_not_steered_is_sent_without_the_ca
 
 async def test_without_files_several_tenants_are_still_kept_apart_on_the_slots() -> None:
     # --kv-store off with several keys: the slots are steered, nothing saved or restored.
-    kv = KvService(None, private=True)
+    kv = KvService(None, children=UpstreamPool(), private=True)
     base = ["llama-server", "--model", "m.gguf"]
     assert kv.launch_args("m", base, swa=True) == [
         *base, "--no-cache-idle-slots", "--cache-ram", "0",
@@ -309,9 +319,9 @@ async def test_without_files_several_tenants_are_still_kept_apart_on_the_slots()
     prompt = "a shared beginning " * 40
     body = json.dumps({"model": "m", "prompt": prompt}).encode()
     sent: list[dict[str, Any]] = []
-    async with engine(TOKENS) as (fake, port):
+    async with engine(TOKENS, kv) as (fake, _):
         for tenant in ("alice", "carol", "alice", "bob"):
-            async with kv.steered("m", 1, port, "/completion", body, tenant=tenant) as hold:
+            async with kv.steered("m", 1, "/completion", body, tenant=tenant) as hold:
                 sent.append(json.loads(hold.body))
                 hold.tokens = 500
         # Two empty slots, then Alice's own again: the engine reuses what it holds.
@@ -320,20 +330,20 @@ async def test_without_files_several_tenants_are_still_kept_apart_on_the_slots()
         # Bob's prompt is hers, but every slot holds someone else's tokens.
         assert sent[3]["cache_prompt"] is False
         own = json.dumps({"model": "m", "prompt": prompt, "id_slot": sent[0]["id_slot"]})
-        async with kv.steered("m", 1, port, "/completion", own.encode(), tenant="bob") as hold:
+        async with kv.steered("m", 1, "/completion", own.encode(), tenant="bob") as hold:
             assert json.loads(hold.body)["cache_prompt"] is False
-        async with kv.steered("m", 1, port, "/v1/embeddings", b'{"input": "x"}', tenant="x") as h:
+        async with kv.steered("m", 1, "/v1/embeddings", b'{"input": "x"}', tenant="x") as h:
             assert h.body == b'{"input": "x","cache_prompt":false}'
         assert fake.asked == ["GET /slots"]  # no save, no tokenize, no restore
     kv.forget_models(["m"])
 
 
 async def test_without_files_one_tenant_s_child_and_requests_are_left_as_they_are() -> None:
-    kv = KvService(None)
+    kv = KvService(None, children=UpstreamPool())
     base = ["llama-server", "--model", "m.gguf"]
     assert kv.launch_args("m", base, swa=True) == base
     body = b'{"model": "m", "prompt": "p"}'
-    async with kv.steered("m", 1, 1, "/completion", body) as hold:
+    async with kv.steered("m", 1, "/completion", body) as hold:
         assert (hold.slot, hold.body, hold.fresh) == (None, body, False)
 
 

@@ -44,9 +44,9 @@ async def test_a_running_child_is_scraped_through_the_pool_and_labelled() -> Non
     async with trio.open_nursery() as nursery:
         port, seen = await child_server(nursery)
         pool = UpstreamPool()
-        pool.set_limit("m", 3, 2)  # the scheduler: generation 3 of m started
+        pool.started("m", 3, port, 2)  # the scheduler: generation 3 of m started on port
         for _ in range(2):
-            families, up = await scrape_children(pool, {"m": port})
+            families, up = await scrape_children(pool, ["m"])
             assert up == {"m": True}
             (family,) = families["m"]
             assert family.name == "llamacpp:tokens_predicted"
@@ -61,9 +61,9 @@ async def test_a_child_known_to_be_gone_is_not_asked() -> None:
     async with trio.open_nursery() as nursery:
         port, seen = await child_server(nursery)
         pool = UpstreamPool()
-        pool.set_limit("m", 1, 2)
-        pool.forget("m", 1)  # stopped: its port may already be another child's
-        families, up = await scrape_children(pool, {"m": port, "never-started": port})
+        pool.started("m", 1, port, 2)
+        pool.forget("m", 1)  # stopping: not asked (and once gone, its port is anyone's)
+        families, up = await scrape_children(pool, ["m", "never-started"])
         assert (families, up) == ({}, {"m": False, "never-started": False})
         assert seen == []
         await pool.aclose()
@@ -75,10 +75,10 @@ async def test_a_silent_child_costs_the_scrape_its_bound_and_no_more() -> None:
         slow, _ = await child_server(nursery, silent=True)
         fast, _ = await child_server(nursery)
         pool = UpstreamPool()
-        pool.set_limit("slow", 1, 2)
-        pool.set_limit("fast", 1, 2)
+        pool.started("slow", 1, slow, 2)
+        pool.started("fast", 1, fast, 2)
         with trio.fail_after(10):  # a hang guard: the silent child is cut at `each`
-            families, up = await scrape_children(pool, {"slow": slow, "fast": fast}, each=0.3)
+            families, up = await scrape_children(pool, ["slow", "fast"], each=0.3)
         assert up == {"slow": False, "fast": True}
         assert list(families) == ["fast"]
         assert pool.open_count == 1  # the cut answer's connection was closed, not pooled

@@ -342,19 +342,24 @@ async def test_an_idle_connection_the_child_closed_is_found_before_a_post_uses_i
         nursery.cancel_scope.cancel()
 
 
-async def test_the_live_generation_is_the_started_child_not_yet_gone() -> None:
+async def test_the_live_child_is_the_started_one_not_yet_stopping_on_its_own_port() -> None:
     pool = UpstreamPool()
-    assert pool.live_generation("m") is None
-    pool.set_limit("m", 1, 4)
-    assert pool.live_generation("m") == 1
-    pool.set_limit("m", 2, 4)  # a restart: the newer child
-    assert pool.live_generation("m") == 2
-    pool.forget("m", 1)  # the old one's exit, reported late, leaves the new one
-    assert pool.live_generation("m") == 2
-    pool.forget("m", 2)
-    assert pool.live_generation("m") is None
-    pool.set_limit("m", 2, 4)  # a late start of a child already gone changes nothing
-    assert pool.live_generation("m") is None
+    assert pool.live("m") is None
+    pool.started("m", 1, 7001, 4)
+    assert pool.live("m") == ChildRef("m", 1, 7001)
+    pool.started("m", 2, 7002, 4)  # a restart: the newer child (the older one is gone)
+    assert pool.live("m") == ChildRef("m", 2, 7002)
+    assert pool.child("m", 1) is None
+    pool.forget("m", 1)  # the old one's stop, reported late, leaves the new one
+    pool.gone("m", 1)
+    assert pool.live("m") == ChildRef("m", 2, 7002)
+    pool.forget("m", 2)  # stopping: no longer live, still known until it exits
+    assert pool.live("m") is None
+    assert pool.child("m", 2) == ChildRef("m", 2, 7002)
+    pool.gone("m", 2)
+    assert pool.child("m", 2) is None
+    pool.started("m", 2, 7002, 4)  # a late start of a child already gone changes nothing
+    assert pool.live("m") is None
     await pool.aclose()
 
 
