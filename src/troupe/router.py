@@ -25,6 +25,7 @@ from troupe.catalog import Catalog, ModelEntry, build_catalog, check_startup
 from troupe.catalog.facts import FactsCache
 from troupe.child.ledger import PidLedger, default_state_dir
 from troupe.cluster import Cluster, NodeList
+from troupe.cluster.trust import ClusterTrust, read_secret
 from troupe.conversations import ConversationTracker
 from troupe.download.router import RouterDownloads
 from troupe.engine import Engine
@@ -47,6 +48,8 @@ from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
 from troupe.tenants.book import TenantBook, book_for
 from troupe.tenants.model import Tenants
+from troupe.tenants.usage import FILE_NAME as USAGE_FILE
+from troupe.tenants.usage import Accounts
 
 __all__ = ["FAKE_TIMING_ENV", "Drainable", "Router", "build_router"]
 
@@ -88,6 +91,10 @@ class Router:
     history: History = attrs.field(factory=History)  # the dashboard's recent samples
     cluster: Cluster | None = None  # --cluster-nodes: the peers, and where models go
     tenants: TenantBook = attrs.field(factory=lambda: TenantBook(Tenants()))  # keys' tenants
+    # Each tenant's budgets and usage (`troupe.tenants.usage`), saved in the state directory.
+    accounts: Accounts = attrs.field(
+        default=attrs.Factory(lambda self: Accounts(self.tenants), takes_self=True)
+    )
     # The servers' side of the lifecycle: ready once listening; `http_stop` asks the
     # HTTP server to drain, `http_done` says it has; `http_server` is the drain's handle.
     ready: bool = False
@@ -138,6 +145,7 @@ def build_router(
 ) -> Router:
     """Every part of a router for ``settings``; ConfigError when the catalogue is broken."""
     env = dict(os.environ if environ is None else environ)
+    tenants = book_for(settings, env)  # a bad tenants file: refused before anything starts
     facts = FactsCache(no_mmproj=_no_mmproj(settings))
     try:
         catalog = build_catalog(settings, table, env, cwd or Path.cwd(), probe=facts.architecture)
@@ -146,7 +154,7 @@ def build_router(
         raise ConfigError(f"failed to initialize router models: {exc}") from None
     for warning in catalog.warnings:
         log.warning("%s", warning)
-    log.info("%d models in the catalogue", len(catalog))
+    log.info("%d model%s in the catalogue", len(catalog), "" if len(catalog) == 1 else "s")
     # Memory admission: devices read once for the estimates' layout, then sampled
     # whenever the scheduler needs a fresh reading.
     reader = DeviceReader("auto" if use_nvml else None)
@@ -200,6 +208,8 @@ def build_router(
     scheduler.add_listener(metrics.on_event)
     requests = RequestLog(enabled=settings.access_log)
     requests.add_listener(metrics.observe_request)
+    accounts = Accounts.load(tenants, state_dir / USAGE_FILE)
+    requests.add_listener(accounts.on_record)  # settles reservations, counts usage
     scheduler.add_listener(logs.on_event)
     return Router(
         settings=settings,
@@ -216,8 +226,9 @@ def build_router(
         kv=kv,
         fake_timing=fake_timing,
         requests=requests,
-        cluster=_cluster(settings),
-        tenants=book_for(settings),
+        cluster=_cluster(settings, env),
+        tenants=tenants,
+        accounts=accounts,
     )
 
 
@@ -246,8 +257,9 @@ def _kv_service(
     ``--kv-store off``: none, or with several keys one without files, that keeps each
     tenant's requests off the slots holding another's tokens (the engine alone reuses a
     slot's cached prompt for whoever sends a prompt like it)."""
-    # Several keys: several tenants, whose conversations never meet (`troupe.http.keys`).
-    private = len(settings.api_keys) > 1
+    # Several keys, or a tenants file: tenants whose conversations never meet
+    # (`troupe.http.keys`).
+    private = len(settings.api_keys) > 1 or settings.tenants_file is not None
     if settings.kv_store == "off":
         return KvService(None, KvMetrics(), children=relay.pool, private=True) if private else None
     store = KvStore(state_dir / "kv", settings.kv_store_bytes)
@@ -257,11 +269,23 @@ def _kv_service(
     return kv
 
 
-def _cluster(settings: RouterSettings) -> Cluster | None:
+def _cluster(settings: RouterSettings, env: dict[str, str]) -> Cluster | None:
     if not settings.cluster_nodes:
         return None  # one node: no peers, nothing on the request path
     key = settings.api_keys[0] if settings.api_keys else None
-    return Cluster(NodeList(settings.cluster_nodes), api_key=key, read_timeout=settings.timeout)
+    secret = read_secret(settings.cluster_secret_file or None, env)
+    if secret is None:
+        log.warning(
+            "no cluster secret (TROUPE_CLUSTER_SECRET or --cluster-secret-file): any client "
+            "that reaches this node can mark a request as forwarded (x-troupe-forwarded)"
+        )
+    return Cluster(
+        NodeList(settings.cluster_nodes),
+        api_key=key,
+        read_timeout=settings.timeout,
+        trust=ClusterTrust(secret),
+        health_within=settings.cluster_timeout,
+    )
 
 
 def _no_mmproj(settings: RouterSettings) -> bool:

@@ -28,7 +28,6 @@ from troupe_rig.cluster_sdk import NAMES, chat, cluster, stream_until_cut, write
 
 BOUND = 60.0  # seconds any one request may take before it counts as hung
 TRACE = 8  # requests per model after the kill
-OWN = {"x-troupe-forwarded": "test"}  # a node's own answer, not the cluster's
 
 
 @pytest.fixture
@@ -40,11 +39,12 @@ class NodeRouter(Router):
     """A cluster node as bench/chaos's checks see a router: its pid, its start's tag
     (its children carry it), a tracker of its descendants, a client straight to it."""
 
-    def __init__(self, node: Node, workdir: Path) -> None:
+    def __init__(self, node: Node, workdir: Path, own: dict[str, str]) -> None:
         assert node.process is not None
         here = Path(sys.executable)
         super().__init__(TROUPE, Launch(), engine=here, mixed=here, workdir=workdir, tag=node.tag)
         self.node = node
+        self.own = own  # a signed forward mark: the node's own answer, not the cluster's
         self._pid = node.process.process.pid
         self.url = node.url
         self.client = Client(node.url)
@@ -57,7 +57,9 @@ class NodeRouter(Router):
 
     async def models(self, bound: float = 10.0) -> dict[str, dict[str, Any]]:
         """The node's own list (the forward mark), not the cluster's union."""
-        got = await self.client.call("GET", "/models", bound=bound, headers=OWN, watch_after=False)
+        got = await self.client.call(
+            "GET", "/models", bound=bound, headers=self.own, watch_after=False
+        )
         return {m["id"]: m for m in got.json()["data"]}
 
 
@@ -65,7 +67,7 @@ async def test_a_node_killed_mid_trace_costs_only_its_requests_and_its_models_co
     tmp_path: Path, catalogues: list[Path], haproxy_path: Path
 ) -> None:
     async with cluster(tmp_path, catalogues, haproxy_path, tag_var=TAG_VAR) as stack:
-        routers = [NodeRouter(n, tmp_path) for n in stack.nodes]
+        routers = [NodeRouter(n, tmp_path, stack.own_headers()) for n in stack.nodes]
         try:
             await _kill_mid_trace(stack, routers)
         finally:

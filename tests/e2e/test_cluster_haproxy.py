@@ -169,8 +169,13 @@ async def test_each_model_on_its_node_long_bodies_streams_realtime_and_the_union
 
         # A request already forwarded once is served where it lands, never forwarded
         # again: this one loads tiny-a beside its home.
+        # The mark is signed with the cluster secret; one a client makes up is refused.
+        forged = {"x-troupe-forwarded": "n0"}
+        with pytest.raises(openai.AuthenticationError, match="forward mark"):
+            await trio.to_thread.run_sync(lambda: chat(other.url, "tiny-a", extra_headers=forged))
+        signed = stack.own_headers("POST", "/v1/chat/completions")
         _, text = await trio.to_thread.run_sync(
-            lambda: chat(other.url, "tiny-a", extra_headers={"x-troupe-forwarded": "n0"})
+            lambda: chat(other.url, "tiny-a", extra_headers=signed)
         )
         assert text
         assert sorted(await stack.loaded_on("tiny-a")) == sorted([home.name, other.name])

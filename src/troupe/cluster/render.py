@@ -42,6 +42,8 @@ class RenderOptions:
     check_interval: str = "2s"
     maxconn_per_model: int = 8  # a model's requests in flight on one node before it spills
     stats_socket: str | None = None  # the runtime API (show servers state, set server ...)
+    mark: str = "balancer"  # the forward mark HAProxy sets (signed: `ClusterTrust.balancer_mark`)
+    secret: bytes | None = attrs.field(default=None, repr=False)  # the cluster secret
 
 
 def server_names(urls: Sequence[str]) -> dict[str, str]:
@@ -107,7 +109,18 @@ def render_haproxy(
         "    timeout queue 60s",
         "    timeout client-fin 5s",
         "    timeout server-fin 5s",
-        f"    default-server inter {options.check_interval} fall 2 rise 1",
+        "    # A health check that gets no answer within this fails: a node that hangs",
+        "    # (stopped, not dead) is out after two, and its sessions are cut then",
+        "    # (on-marked-down) rather than waiting out 'timeout server'.",
+        "    timeout check 2s",
+        f"    default-server inter {options.check_interval} fall 2 rise 1"
+        " on-marked-down shutdown-sessions",
+        "    # HAProxy's own errors in llama.cpp's JSON shape, as the nodes answer.",
+        "    http-error status 502 " + _json_error("no node answered", "unavailable_error", 502),
+        "    http-error status 503 "
+        + _json_error("no node is available for this request", "unavailable_error", 503),
+        "    http-error status 504 "
+        + _json_error("the node did not answer in time", "unavailable_error", 504),
         "",
         "frontend troupe",
         f"    bind {options.bind}",
@@ -143,7 +156,7 @@ def render_haproxy(
         lines += [
             "",
             f"backend node_{name}  # ?node={name}: that node, answering itself",
-            "    http-request set-header x-troupe-forwarded balancer",
+            f"    http-request set-header x-troupe-forwarded {_quoted(options.mark)}",
             "    http-response set-header X-Troupe-Node %[srv_name]",
             f"    http-error status 503 {down}",
             f"    server {name} {_address(url)} track troupe_any/{name}",
@@ -153,7 +166,7 @@ def render_haproxy(
             "",
             f"backend {backend}  # {model}",
             "    balance first",
-            "    http-request set-header x-troupe-forwarded balancer",
+            f"    http-request set-header x-troupe-forwarded {_quoted(options.mark)}",
             "    http-response set-header X-Troupe-Node %[srv_name]",
         ]
         for rank, url in enumerate(order, 1):

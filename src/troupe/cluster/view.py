@@ -30,6 +30,7 @@ import trio
 from troupe.cluster.nodes import NodeList
 from troupe.cluster.placement import Placement, node_facts
 from troupe.cluster.render import server_names
+from troupe.cluster.trust import ClusterTrust
 from troupe.proxy.upstream import (
     ChildRef,
     Unreachable,
@@ -39,7 +40,7 @@ from troupe.proxy.upstream import (
     render_request,
 )
 
-__all__ = ["FORWARDED", "Cluster", "Peer"]
+__all__ = ["FORWARDED", "Cluster", "Hung", "Peer"]
 
 log = logging.getLogger("troupe.cluster")
 
@@ -51,6 +52,12 @@ FETCH_WITHIN = 2.0  # a peer that does not answer /models in this long is skippe
 DOWN_FOR = 5.0  # a peer that refused a connection is not tried again for this long
 CONNECT_WITHIN = 3.0
 UNLISTED = "unlisted"  # the name of a node that has not found itself in the list
+
+
+class Hung(UpstreamError):
+    """The node took the request and then stopped answering, its health check too (a
+    gray failure: a node stopped, swapping, or cut off half-way). No byte of its answer
+    had come when this is raised from `Cluster.send_watched`."""
 
 
 class Peer:
@@ -78,14 +85,39 @@ class Peer:
     def down(self) -> bool:
         return trio.current_time() < self.down_until
 
+    async def answers_health(self, within: float) -> bool:
+        """Whether the node answers ``GET /health`` (any status: it is alive) within
+        ``within`` seconds, on a connection of its own."""
+        wire = render_request("GET", "/health", [(b"host", self.authority)], b"")
+        with trio.move_on_after(within):
+            try:
+                upstream = await self.pool.send(self.ref, wire)
+                try:
+                    async for _ in upstream.chunks():
+                        pass
+                finally:
+                    upstream.close()
+            except UpstreamError:
+                return False
+            return True
+        return False
+
 
 class Cluster:
     """The node list, the peers' last ``/models``, and where each model goes."""
 
     def __init__(
-        self, nodes: NodeList, *, api_key: str | None = None, read_timeout: float = 3600.0
+        self,
+        nodes: NodeList,
+        *,
+        api_key: str | None = None,
+        read_timeout: float = 3600.0,
+        trust: ClusterTrust | None = None,
+        health_within: float = 5.0,
     ) -> None:
         self.nodes = nodes
+        self.trust = trust or ClusterTrust(None)
+        self.health_within = health_within  # --cluster-timeout
         self.node_id = uuid.uuid4().hex
         self.self_url: str | None = None
         self._api_key = api_key
@@ -111,11 +143,50 @@ class Cluster:
             return UNLISTED
         return server_names(self.nodes.urls()).get(self.self_url, UNLISTED)
 
-    def mark(self, sender: str) -> list[tuple[bytes, bytes]]:
-        return [(FORWARDED, sender.encode("latin-1"))]
+    def mark(self, method: str, target: str) -> list[tuple[bytes, bytes]]:
+        """This node's forward mark on the request ``method target`` (signed with the
+        cluster secret when there is one: `troupe.cluster.trust`)."""
+        return [(FORWARDED, self.trust.mark(self.node_id, method, target))]
+
+    def trusts(self, mark: str, method: str, target: str) -> bool:
+        """Whether a request's forward mark is genuine (always, without a secret)."""
+        return self.trust.verify(mark, method, target)
 
     def _auth(self) -> list[tuple[bytes, bytes]]:
         return [(b"authorization", b"Bearer " + self._api_key.encode())] if self._api_key else []
+
+    async def send_watched(self, peer: Peer, wire: bytes) -> UpstreamResponse:
+        """`Peer.send`, watched: while no answer has come, the node's health is checked
+        every ``health_within`` seconds, and a node that does not answer it is taken
+        for hung (`Hung`: it is left out for `DOWN_FOR` and nothing more waits on it).
+        A slow answer from a node that is alive (a load, a long prefill) is waited for."""
+
+        async def watch(scope: trio.CancelScope) -> None:
+            while True:
+                await trio.sleep(self.health_within)
+                if not await peer.answers_health(self.health_within):
+                    peer.down_until = trio.current_time() + DOWN_FOR
+                    scope.cancel()
+                    return
+
+        upstream: UpstreamResponse | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch, nursery.cancel_scope)
+            upstream = await peer.send(wire)
+            nursery.cancel_scope.cancel()
+        if upstream is None:  # cancelled by the watch before any answer: connection closed
+            within = self.health_within
+            raise Hung(f"{peer.url} did not answer its health check within {within:g} s")
+        return upstream
+
+    async def watch_relay(self, peer: Peer) -> None:
+        """Returns when ``peer`` stops answering its health check (for a relay under
+        way: the caller cuts it); runs until cancelled while the node is alive."""
+        while True:
+            await trio.sleep(self.health_within)
+            if not await peer.answers_health(self.health_within):
+                peer.down_until = trio.current_time() + DOWN_FOR
+                return
 
     # ----- the peers' /models -------------------------------------------------------------
 
@@ -175,7 +246,7 @@ class Cluster:
         self._placement = None
 
     async def _fetch_models(self, peer: Peer) -> Mapping[str, Any] | None:
-        headers = [(b"host", peer.authority), *self._auth(), *self.mark(self.node_id)]
+        headers = [(b"host", peer.authority), *self._auth(), *self.mark("GET", "/models")]
         wire = render_request("GET", "/models", headers, b"")
         with trio.move_on_after(FETCH_WITHIN):
             try:

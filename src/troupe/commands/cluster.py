@@ -13,6 +13,7 @@ stderr.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -23,6 +24,7 @@ from typing import Any
 from troupe.cluster.nodes import parse_urls
 from troupe.cluster.placement import Placement, node_facts
 from troupe.cluster.render import RenderOptions, placement_table, render_haproxy, server_names
+from troupe.cluster.trust import ClusterTrust, read_secret
 from troupe.cluster.view import FORWARDED
 from troupe.errors import UsageError
 
@@ -31,17 +33,24 @@ __all__ = ["USAGE", "fetch_models", "parse_render", "render_config", "run_cluste
 USAGE = (
     "usage: troupe cluster render (--node URL ... | --nodes FILE) [--bind ADDR:PORT]\n"
     "       [--check-interval TIME] [--maxconn-per-model N] [--stats-socket PATH]\n"
-    "       [--api-key KEY] [--explain]\n"
+    "       [--api-key-file FILE] [--secret-file FILE] [--explain]\n"
+    "       (the key also from LLAMA_API_KEY, the cluster secret from TROUPE_CLUSTER_SECRET)\n"
     "       troupe cluster watch RENDER-FLAGS --out FILE [--reload CMD] [--every SECONDS]"
 )
 
 
 def fetch_models(
-    url: str, api_key: str | None, timeout: float = 5.0, *, warn: bool = True
+    url: str,
+    api_key: str | None,
+    timeout: float = 5.0,
+    *,
+    warn: bool = True,
+    trust: ClusterTrust | None = None,
 ) -> Mapping[str, Any] | None:
     """A node's own ``GET /models``, or None (and a line on stderr, unless not ``warn``)
     when it cannot answer."""
-    headers = {FORWARDED.decode(): "render"}
+    mark = (trust or ClusterTrust(None)).mark("render", "GET", "/models")
+    headers = {FORWARDED.decode(): mark.decode("latin-1")}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     request = urllib.request.Request(url + "/models", headers=headers)
@@ -58,7 +67,9 @@ def fetch_models(
 
 def parse_render(args: list[str]) -> tuple[list[str], RenderOptions, str | None, bool]:
     urls: list[str] = []
-    bind, interval, maxconn, socket, key, explain = "*:8080", "2s", 8, None, None, False
+    bind, interval, maxconn, socket, explain = "*:8080", "2s", 8, None, False
+    key: str | None = os.environ.get("LLAMA_API_KEY") or None
+    secret_file: str | None = None
     i = 0
     while i < len(args):
         flag = args[i]
@@ -90,13 +101,36 @@ def parse_render(args: list[str]) -> tuple[list[str], RenderOptions, str | None,
         elif flag == "--stats-socket":
             socket = value
         elif flag == "--api-key":
+            print(
+                "troupe: warning: --api-key is visible to every user in ps; use "
+                "--api-key-file FILE or LLAMA_API_KEY",
+                file=sys.stderr,
+            )
             key = value
+        elif flag == "--api-key-file":
+            key = _first_line(value, flag)
+        elif flag == "--secret-file":
+            secret_file = value
         else:
             raise UsageError(f"unknown flag '{flag}'\n{USAGE}")
     if not urls:
         raise UsageError(f"no node given\n{USAGE}")
     unique = list(dict.fromkeys(urls))
-    return unique, RenderOptions(bind, interval, maxconn, socket), key, explain
+    secret = read_secret(secret_file)
+    mark = ClusterTrust(secret).balancer_mark()
+    options = RenderOptions(bind, interval, maxconn, socket, mark, secret)
+    return unique, options, key, explain
+
+
+def _first_line(path: str, flag: str) -> str:
+    try:
+        lines = Path(path).expanduser().read_text(encoding="utf-8").strip().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise UsageError(f"cannot read {flag} '{path}': {reason}") from None
+    if not lines or not lines[0].strip():
+        raise UsageError(f"{flag} '{path}' is empty")
+    return lines[0].strip()
 
 
 def render_config(
@@ -111,7 +145,8 @@ def render_config(
     (its health checks already take it out; its models keep their backends, so a node
     that blinks does not reload the balancer twice), and updated; ``answered``: set to
     the nodes that answered."""
-    docs = {url: fetch_models(url, key, warn=known is None) for url in urls}
+    trust = ClusterTrust(options.secret)
+    docs = {url: fetch_models(url, key, warn=known is None, trust=trust) for url in urls}
     if answered is not None:
         answered.clear()
         answered.update(url for url, doc in docs.items() if doc is not None)

@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from troupe.cluster import FORWARDED, Cluster
-from troupe.cluster.view import Peer
+from troupe.cluster.view import Hung, Peer
 from troupe.http.errors import error_body
 from troupe.http.server.exchange import Exchange
 from troupe.proxy.relay import ChildLost, request_headers
@@ -30,18 +30,23 @@ log = logging.getLogger("troupe.cluster")
 def _wire(ex: Exchange, peer: Peer, cluster: Cluster) -> bytes:
     headers = request_headers(ex.headers, peer.port)
     headers[0] = (b"host", peer.authority)
-    headers += cluster.mark(cluster.node_id)
-    return render_request(ex.method, ex.target.decode("latin-1"), headers, ex.body)
+    target = ex.target.decode("latin-1")
+    headers += cluster.mark(ex.method, target)
+    return render_request(ex.method, target, headers, ex.body)
 
 
 async def forward_elsewhere(ctx: Router, ex: Exchange, name: str) -> bool:
     """True when the request for model ``name`` went to another node (and its answer to
     the client); False when it is to be served here. A node that refuses the connection
-    is skipped (nothing of the request reached it) for the next in the model's order."""
+    is skipped (nothing of the request reached it) for the next in the model's order; a
+    node that took the request and hangs (`Hung`: no answer, no health check answered
+    within ``--cluster-timeout``) is left once for the next, since no byte of its
+    answer reached the client (a second hung node ends the request with a 504)."""
     cluster = ctx.cluster
     if cluster is None or ex.header(FORWARDED) is not None:
         return False
     order = (await cluster.placement()).order(name)
+    failed_over = False
     for url in order:
         if url == cluster.self_url:
             return False
@@ -49,29 +54,61 @@ async def forward_elsewhere(ctx: Router, ex: Exchange, name: str) -> bool:
         if peer.down:
             continue
         try:
-            upstream = await peer.send(_wire(ex, peer, cluster))
+            upstream = await cluster.send_watched(peer, _wire(ex, peer, cluster))
         except Unreachable as exc:
             log.warning("node %s unreachable for %s: %s", url, name, exc)
             continue
+        except Hung as exc:
+            log.warning("node %s hung with a request for %s: %s", url, name, exc)
+            if not failed_over:
+                failed_over = True
+                continue
+            message = f"the nodes serving model {name} do not answer ({exc})"
+            await ex.respond(504, error_body(message, "unavailable_error"))
+            return True
         except UpstreamError as exc:
             # Some of it may have reached that node: never sent a second time.
             message = f"the node serving model {name} ({url}) failed: {exc}"
             await ex.respond(500, error_body(message, "server_error"))
             return True
-        await _relay_answer(ctx, ex, upstream)
+        await _relay_answer(ctx, ex, upstream, peer)
         return True
     return False
 
 
-async def _relay_answer(ctx: Router, ex: Exchange, upstream: UpstreamResponse) -> None:
+async def _relay_answer(
+    ctx: Router, ex: Exchange, upstream: UpstreamResponse, peer: Peer | None = None
+) -> None:
     async def relay() -> None:
         try:
             await ctx.relay.answer(ex, upstream, len(ex.body))
         except ChildLost:
             ex.keep_alive = False  # the answer is cut short: it must look cut
 
+    cluster = ctx.cluster
+    if cluster is None or peer is None:
+        await ex.until_client_leaves(relay)
+        return
+    hung_peer = peer
+
+    async def watched() -> None:
+        # The node may hang half-way through its answer: cut the relay when it stops
+        # answering its health check (the client sees the answer end short).
+        async with trio.open_nursery() as nursery:
+
+            async def until_hung() -> None:
+                await cluster.watch_relay(hung_peer)
+                log.warning("node %s hung half-way through an answer: cut", hung_peer.url)
+                ex.keep_alive = False
+                upstream.close()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(until_hung)
+            await relay()
+            nursery.cancel_scope.cancel()
+
     # A client that goes away closes the connection to the peer: it stops generating.
-    await ex.until_client_leaves(relay)
+    await ex.until_client_leaves(watched)
 
 
 async def cluster_models(ctx: Router, ex: Exchange, local: dict[str, Any]) -> Any:

@@ -22,11 +22,11 @@ import logging
 import trio
 
 from troupe.api import dumps, strip_prefix
+from troupe.cluster.view import FORWARDED
 from troupe.http import cors
 from troupe.http.access import refused_record
 from troupe.http.errors import NOT_FOUND_BODY, error_body, middleware_error_body
 from troupe.http.hosts import HostCheck
-from troupe.http.keys import ring_for
 from troupe.http.proxy_routes import handle_proxy_get, handle_proxy_post, handle_stream_get
 from troupe.http.respond import LOCAL_MAX_BODY
 from troupe.http.routing import Handler, RouteTable, is_dashboard
@@ -49,6 +49,14 @@ _BAD_HOST = middleware_error_body(
 )
 _REFUSE_LOADING = Refusal(503, _LOADING)
 _REFUSE_KEY = Refusal(401, _UNAUTHORIZED)
+_REFUSE_MARK = Refusal(
+    401,
+    middleware_error_body(
+        "invalid cluster forward mark (x-troupe-forwarded is for the cluster's own nodes)",
+        "authentication_error",
+        401,
+    ),
+)
 _BAD_ORIGIN = middleware_error_body(
     "Origin not allowed (a browser page from another site: see --cors-origins)",
     "permission_error",
@@ -81,7 +89,6 @@ class Front:
         self.websocket = websocket
         settings = router.settings
         self._prefix = settings.api_prefix
-        self._keys = ring_for(settings)
         self._hosts = HostCheck(settings.hosts, settings.allowed_hosts)
         self._origins = cors.OriginCheck(settings.allowed_origins)
         self._preflight = [(k.title(), v) for k, v in cors.preflight_headers(settings)]
@@ -109,14 +116,16 @@ class Front:
         return self._fixed_base
 
     def _key_name(self, request: Request, route: str | None) -> str | None:
-        """Whose key the request carries ("" where none is needed), None if refused."""
-        keys = self._keys
+        """Whose key the request carries ("" where none is needed), None if refused. The
+        live tenant book's keys (`troupe.tenants`): a reload counts from the next head."""
+        keys = self.router.tenants.current
         if not keys or request.path in PUBLIC_PATHS or route in PUBLIC_PATHS:
             return ""
         if request.method == "GET" and route is not None and is_dashboard(route):
             return ""  # the dashboard's page asks for the key and sends it with each request
         given = request.header(b"authorization") or request.header(b"x-api-key") or ""
-        return keys.match(given.removeprefix("Bearer "))
+        tenant = keys.match(given.removeprefix("Bearer "))
+        return None if tenant is None else tenant.name
 
     def admit(self, request: Request) -> Refusal | None:
         """The whole decision, at the head: a refusal, or the handler in ``request.route``."""
@@ -145,6 +154,9 @@ class Front:
             log.warning("unauthorized: Invalid API Key")
             return _REFUSE_KEY
         request.key_name = name
+        if not self._mark_trusted(request):
+            log.warning("refused a forward mark that does not verify (x-troupe-forwarded)")
+            return _REFUSE_MARK
         handler = None if route is None else self.routes.find(request.method, route)
         if handler is None:
             return _REFUSE_ROUTE
@@ -152,6 +164,17 @@ class Front:
         if handler not in _RELAYED and request.max_body > LOCAL_MAX_BODY:
             request.max_body = LOCAL_MAX_BODY
         return None
+
+    def _mark_trusted(self, request: Request) -> bool:
+        """A request marked as forwarded within the cluster is served where it lands;
+        with a cluster secret, only if the mark verifies (`troupe.cluster.trust`)."""
+        cluster = self.router.cluster
+        if cluster is None or not cluster.trust.signed:
+            return True
+        mark = request.header(FORWARDED)
+        return mark is None or cluster.trusts(
+            mark, request.method, request.target.decode("latin-1")
+        )
 
     def refused(
         self, request: Request | None, status: int, message: str, body: bytes, peer: str

@@ -14,6 +14,7 @@ import contextlib
 import csv
 import io
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,7 @@ import httpx
 import trio
 
 from troupe.cluster import NodeFacts, Placement
+from troupe.cluster.trust import SECRET_ENV, ClusterTrust
 from troupe_rig.engine_process import free_port
 from troupe_rig.process import TroupeProcess, start_troupe
 
@@ -88,6 +90,15 @@ class ClusterStack:
     port: int = 0  # HAProxy's
     config: str = ""  # the rendered haproxy.cfg
     haproxy: trio.Process | None = None  # its master process (master-worker mode)
+    # The cluster secret every node and the render share (TROUPE_CLUSTER_SECRET): the
+    # forward mark is signed with it, as a user's cluster should run.
+    secret: str = attrs.field(factory=lambda: secrets.token_hex(16))
+
+    def own_headers(self, method: str = "GET", target: str = "/models") -> dict[str, str]:
+        """A node's own answer to ``method target`` (a signed forward mark: served where
+        it lands, not for the cluster)."""
+        mark = ClusterTrust(self.secret.encode()).mark("test", method, target)
+        return {"x-troupe-forwarded": mark.decode()}
 
     @property
     def url(self) -> str:
@@ -122,7 +133,13 @@ class ClusterStack:
     async def render(self) -> None:
         """``troupe cluster render`` into haproxy.cfg."""
         self.config = await trio.to_thread.run_sync(
-            render, self.nodes_file, self.port, self.socket, self.check_interval, self.maxconn
+            render,
+            self.nodes_file,
+            self.port,
+            self.socket,
+            self.check_interval,
+            self.maxconn,
+            self.secret,
         )
         (self.directory / "haproxy.cfg").write_text(self.config)
 
@@ -153,7 +170,7 @@ class ClusterStack:
     async def own_models(self, node: Node) -> dict[str, dict[str, Any]]:
         """The node's own ``/models`` (the forward mark: not the cluster's union)."""
         async with httpx.AsyncClient(timeout=10) as http:
-            resp = await http.get(node.url + "/models", headers={"x-troupe-forwarded": "test"})
+            resp = await http.get(node.url + "/models", headers=self.own_headers())
         return {m["id"]: m for m in resp.json()["data"]}
 
     async def loaded_on(self, model: str) -> list[str]:
@@ -234,7 +251,7 @@ class ClusterStack:
     async def start(self, node: Node) -> None:
         """Start (or start again, on its old port) the node."""
         node.starts += 1
-        env = {}
+        env = {SECRET_ENV: self.secret}
         if self.tag_var is not None:
             node.tag = f"{self.directory.name}-{os.getpid()}-{node.name}-{node.starts}"
             env[self.tag_var] = node.tag
@@ -270,12 +287,15 @@ async def _stop(process: trio.Process, grace: float = 20, group: bool = False) -
                 await process.wait()
 
 
-def render(nodes_file: Path, port: int, socket: Path, check_interval: str, maxconn: int) -> str:
-    """``troupe cluster render`` as a user runs it."""
+def render(
+    nodes_file: Path, port: int, socket: Path, check_interval: str, maxconn: int, secret: str
+) -> str:
+    """``troupe cluster render`` as a user runs it (the secret in its environment)."""
     argv = [sys.executable, "-m", "troupe", "cluster", "render", "--nodes", str(nodes_file)]
     argv += ["--bind", f"127.0.0.1:{port}", "--check-interval", check_interval]
     argv += ["--stats-socket", str(socket), "--maxconn-per-model", str(maxconn)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    env = {**os.environ, SECRET_ENV: secret}
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"troupe cluster render failed: {done.stderr}")
     return done.stdout

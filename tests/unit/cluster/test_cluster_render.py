@@ -8,6 +8,7 @@ from typing import Any
 
 from troupe.cluster.placement import Placement, node_facts
 from troupe.cluster.render import RenderOptions, render_haproxy
+from troupe.cluster.trust import ClusterTrust
 
 
 def _doc(*names: str) -> dict[str, Any]:
@@ -25,7 +26,9 @@ def test_the_rendered_configuration_is_valid_and_routes_each_model_in_its_order(
             node_facts(urls[2], _doc("a")),
         ]
     )
-    text = render_haproxy(urls, placement, RenderOptions(bind="127.0.0.1:18000"), "a test")
+    mark = ClusterTrust(b"s3cret").balancer_mark()
+    options = RenderOptions(bind="127.0.0.1:18000", mark=mark)
+    text = render_haproxy(urls, placement, options, "a test")
     config = tmp_path / "haproxy.cfg"
     config.write_text(text)
     checked = subprocess.run(
@@ -44,6 +47,12 @@ def test_the_rendered_configuration_is_valid_and_routes_each_model_in_its_order(
         assert servers == order
         assert f'"{model}" "{model}-alias"' in text
     assert "org/repo:Q4_K_M" in text
+    # The balancer's signed mark on every request it routes; a client's own is deleted.
+    assert text.count(f'set-header x-troupe-forwarded "{mark}"') == 3 + 2
+    assert "http-request del-header x-troupe-forwarded" in text
+    # A node that hangs fails its checks and its sessions are cut; errors are JSON.
+    assert "on-marked-down shutdown-sessions" in text
+    assert 'http-error status 503 content-type application/json string "{' in text
     # and one backend per node for ?node= (that node, answering itself)
     assert text.count("track troupe_any/") == 3 + 2 + 3
     for name in names.values():
