@@ -55,6 +55,7 @@ class RouterSettings:
     sleep_idle_seconds: int = -1
     api_keys: tuple[str, ...] = ()
     api_key_names: tuple[str, ...] = ()  # one per key, for logs ("" gives key-N)
+    tenants_file: Path | None = None  # --tenants: read by troupe.tenants.file
     timeout: int = 3600
     ssl_key_file: Path | None = None
     ssl_cert_file: Path | None = None
@@ -87,6 +88,9 @@ class RouterSettings:
     # children take the engine's defaults, as llama.cpp's router.
     cpu_placement: str = "auto"
     access_log: bool = False  # one log line per proxied request (troupe.ops.access)
+    # A streamed request waiting for a load: "comments" (SSE comments with the progress),
+    # "reasoning" (also reasoning_content deltas on chat completions), "off" (troupe.http.loading).
+    load_progress: str = "comments"
     # "on": slots saved before troupe stops a child, restored when their conversation
     # returns (troupe.kvstore), at most kv_store_bytes on disk; "off": as llama.cpp.
     kv_store: str = "on"
@@ -94,6 +98,8 @@ class RouterSettings:
     # Every node of a cluster behind one balancer (comma-separated URLs, or a file of
     # them, this node included); "": a single node (troupe.cluster).
     cluster_nodes: str = ""
+    cluster_secret_file: str = ""  # the cluster secret's file ("": TROUPE_CLUSTER_SECRET)
+    cluster_timeout: float = 5.0  # a node that answers no health check this long is hung
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20
     # Host names a loopback listener answers beside loopback ones (DNS rebinding);
@@ -231,6 +237,7 @@ def build_settings(
         sleep_idle_seconds=sleep_idle,
         api_keys=tuple(keys),
         api_key_names=tuple(names),
+        tenants_file=T.TENANTS.read(own),
         timeout=T.TIMEOUT.read(get),
         ssl_key_file=T.SSL_KEY_FILE.read(get),
         ssl_cert_file=T.SSL_CERT_FILE.read(get),
@@ -259,6 +266,7 @@ def build_settings(
         kv_store_bytes=T.KV_STORE_MIB.read(own),
         memory_margin_bytes=T.MODELS_MEMORY_MARGIN.read(own),
         access_log=T.ACCESS_LOG.read(own),
+        load_progress=T.LOAD_PROGRESS.read(own),
         allowed_hosts=T.ALLOWED_HOSTS.read(own),
         body_timeout=T.BODY_TIMEOUT.read(own),
         max_connections=T.MAX_CONNECTIONS.read(own),
@@ -267,5 +275,7 @@ def build_settings(
         body_rate_grace=T.BODY_RATE_GRACE.read(own),
         ws_idle_timeout=T.WS_IDLE_TIMEOUT.read(own),
         cluster_nodes=T.CLUSTER_NODES.read(own),
+        cluster_secret_file=T.CLUSTER_SECRET_FILE.read(own),
+        cluster_timeout=T.CLUSTER_TIMEOUT.read(own),
         base_args=tuple({**(config or {}), **cli}.items()),
     )

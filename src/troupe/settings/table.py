@@ -121,6 +121,7 @@ class Setting(Generic[T_co]):
 _TRUTHY = {"on", "enabled", "true", "1"}
 _FALSEY = {"off", "disabled", "false", "0"}
 CPU_PLACEMENTS = ("auto", "off")
+LOAD_PROGRESS_MODES = ("comments", "reasoning", "off")
 KV_STORE_MODES = ("on", "off")
 
 
@@ -191,7 +192,7 @@ def _path(raw: Raw) -> Path | None:
 def _directory(raw: Raw) -> Path | None:
     path = _path(raw)
     if path is not None and not path.is_dir():
-        raise UsageError(f"'{path}' does not exist or is not a directory")
+        raise UsageError(f"{raw.source} '{path}': does not exist or is not a directory")
     return path
 
 
@@ -513,6 +514,18 @@ CPU_PLACEMENT = Setting(
     )),
     Toml("troupe", "cpu_placement", str), own=True,
 )  # fmt: skip
+LOAD_PROGRESS = Setting(
+    ("--load-progress",), "comments|reasoning|off", "TROUPE_LOAD_PROGRESS", "comments",
+    _choice(LOAD_PROGRESS_MODES),
+    Help(_OWN, (
+        "a streamed request waiting for its model to load gets its",
+        "head at once, then the load's progress: SSE comments",
+        "(comments), or also reasoning_content deltas on chat",
+        "completions (reasoning); off: nothing until the model is",
+        "ready, as llama.cpp's router (default: comments)",
+    )),
+    Toml("troupe", "load_progress", str), own=True,
+)  # fmt: skip
 ACCESS_LOG = Setting(
     ("--access-log",), "on|off", "TROUPE_ACCESS_LOG", "off", _switch,
     Help(_OWN, (
@@ -553,6 +566,25 @@ CLUSTER_NODES = Setting(
     )),
     Toml("troupe", "cluster_nodes", list[str] | str, relative="nodes"), own=True,
 )  # fmt: skip
+CLUSTER_SECRET_FILE = Setting(
+    ("--cluster-secret-file",), "FILE", "TROUPE_CLUSTER_SECRET_FILE", "", _stripped,
+    Help(_OWN, (
+        "the cluster secret (its first line), shared by the nodes and",
+        "`troupe cluster render`: it signs the forward mark, and a mark",
+        "that does not verify is refused; or set TROUPE_CLUSTER_SECRET",
+        "(default: none, the mark is trusted)",
+    )),
+    Toml("troupe", "cluster_secret_file", str, relative="path"), own=True,
+)  # fmt: skip
+CLUSTER_TIMEOUT = Setting(
+    ("--cluster-timeout",), "SECONDS", "TROUPE_CLUSTER_TIMEOUT", "5", _seconds,
+    Help(_OWN, (
+        "a node that does not answer its health check within this",
+        "long is hung: left out, and a request forwarded to it that",
+        "has no answer yet goes to the next node (default: 5)",
+    )),
+    Toml("troupe", "cluster_timeout", float), own=True,
+)  # fmt: skip
 MODELS_MEMORY_MARGIN = Setting(
     ("--models-memory-margin",), "MIB", "TROUPE_MODELS_MEMORY_MARGIN", "1024", _margin,
     Help(_OWN, ("keep this much free on every device (default: 1024; off)",)),
@@ -575,6 +607,15 @@ NAMED_API_KEYS = Setting(
         "request it was by name",
     )),
     Toml("troupe", "named_api_keys", str), own=True,
+)  # fmt: skip
+TENANTS = Setting(
+    ("--tenants",), "FILE", "TROUPE_TENANTS", "", _path,
+    Help(_OWN, (
+        "the tenants file (TOML): each key's name, class, weight, models,",
+        "rights and limits; re-read on SIGHUP and POST /models/reload",
+        "(docs/tenants.md)",
+    )),
+    Toml("troupe", "tenants", str, relative="path"), own=True,
 )  # fmt: skip
 ALLOWED_HOSTS = Setting(
     ("--allowed-hosts",), "HOSTS", "TROUPE_ALLOWED_HOSTS", "", _lower_list,
@@ -663,14 +704,18 @@ SETTINGS: tuple[Setting[object], ...] = (
     DRAIN_TIMEOUT,
     DRAIN_AFTER,
     CPU_PLACEMENT,
+    LOAD_PROGRESS,
     ACCESS_LOG,
     KV_STORE,
     KV_STORE_MIB,
     CLUSTER_NODES,
+    CLUSTER_SECRET_FILE,
+    CLUSTER_TIMEOUT,
     MODELS_MEMORY_MARGIN,
     MAX_BODY_MIB,
     WS_MAX_MESSAGE_MIB,
     NAMED_API_KEYS,
+    TENANTS,
     ALLOWED_HOSTS,
     BODY_TIMEOUT,
     BODY_MIN_RATE,
