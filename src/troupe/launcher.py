@@ -188,7 +188,7 @@ class ChildLauncher:
             raise ConfigError(f"model {model} is not in the catalogue")
         env = dict(self.environ)
         env.update(self.catalog.child_env(entry))  # its secrets: never on its command line
-        if len(self.settings.api_keys) > 1:
+        if len(self.settings.api_keys) > 1 or self.settings.tenants_file is not None:
             # Several tenants: the engine would put every slot's prompt and generated
             # text in its GET /slots answer (troupe.http.slot_routes).
             env.pop("LLAMA_SERVER_SLOTS_DEBUG", None)

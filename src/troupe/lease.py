@@ -67,12 +67,15 @@ def autoload_flag(params: Mapping[str, str], default: bool) -> bool:
     return default if value == "" else value in ("true", "1")
 
 
-def validate_model(ctx: Router, name: str, autoload: bool) -> ModelEntry | Failure:
-    """upstream ``router_validate_model``: missing, unknown, or not loaded without autoload."""
+def validate_model(
+    ctx: Router, name: str, autoload: bool, tenant: str = ""
+) -> ModelEntry | Failure:
+    """upstream ``router_validate_model``: missing, unknown, or not loaded without autoload.
+    A model ``tenant`` may not use (its tenants file's ``models``) is one that is unknown."""
     if not name:
         return Failure.bad_request("model name is missing from the request")
     entry = ctx.catalog.resolve(name)
-    if entry is None:
+    if entry is None or not ctx.tenants.current.allows(tenant, (entry.name, *entry.aliases)):
         return Failure.bad_request(f"model '{name}' not found")
     rejected = ctx.rejection(entry)
     if rejected:
@@ -174,7 +177,7 @@ class Lease:
         """Validate the model now (entering then does not again): the refusal, if any,
         for a door that answers it before it watches the client."""
         self._validate = False
-        checked = validate_model(self.ctx, self.model, self.autoload)
+        checked = validate_model(self.ctx, self.model, self.autoload, self.tenant)
         if isinstance(checked, Failure):
             if self.record is not None:
                 self.record.error = checked.message

@@ -27,6 +27,7 @@ from troupe.child.ledger import PidLedger, default_state_dir, reap_orphans
 from troupe.child.process import kill_group
 from troupe.engine import Engine
 from troupe.errors import TroupeError
+from troupe.http.model_routes import reload_all
 from troupe.http.routes import ROUTES
 from troupe.http.serve import serve_http
 from troupe.ollama import OLLAMA_ROUTES, OLLAMA_UNDER
@@ -76,9 +77,13 @@ async def _main(settings: RouterSettings, engine: Engine, table: OptionTable) ->
     try:
         router = build_router(settings, engine, table, ledger)
         try:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with (
+                trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
+                trio.open_signal_receiver(signal.SIGHUP) as hangups,
+            ):
                 async with trio.open_nursery() as root:
                     await root.start(serve_router, router)
+                    root.start_soon(_reload_on_hangup, router, hangups)
                     # What start-up built lives as long as the process: out of the
                     # collector's sight, a full collection no longer scans it (88 ms
                     # pauses under load before, each a p99 spike).
@@ -93,6 +98,16 @@ async def _main(settings: RouterSettings, engine: Engine, table: OptionTable) ->
     finally:
         ledger.close()
     return 0
+
+
+async def _reload_on_hangup(router: Router, hangups: AsyncIterator[int]) -> None:
+    """``SIGHUP``: read the tenants file again and reload the catalogue, as
+    ``POST /models/reload`` does; a bad tenants file is logged and the old one kept."""
+    async for _ in hangups:
+        log.info("SIGHUP: reloading the tenants file and the model catalogue")
+        failure, _kept = await reload_all(router)  # (a kept tenants file is logged)
+        if failure is not None:
+            log.warning("reload: %s", failure.message)
 
 
 async def _first_signal(signals: AsyncIterator[int]) -> int:

@@ -50,7 +50,7 @@ def begin(ctx: Router, ex: Exchange, conversation: str = "") -> tuple[AccessReco
         route=route_label(ex.path, ctx.settings.api_prefix),
         bytes_in=len(ex.body),
         conversation=conversation or None,
-        tenant=tenant_of(ctx.settings, ex.request.key_name),
+        tenant=tenant_of(ctx.tenants.current, ex.request.key_name),
     )
     return rec, trio.current_time()
 
@@ -126,7 +126,7 @@ def _finish_local(ctx: Router, ex: Exchange, started: float) -> None:
         bytes_out=ex.sent,
         kind="local",
         error=None if ex.started else "the client went away",
-        tenant=tenant_of(ctx.settings, ex.request.key_name),
+        tenant=tenant_of(ctx.tenants.current, ex.request.key_name),
     )
     ctx.requests.record_other(rec)
 

@@ -7,7 +7,7 @@ several keys, a tenant's ``/troupe/requests`` lists only its own records."""
 from __future__ import annotations
 
 from troupe import __version__
-from troupe.http.keys import tenant_of
+from troupe.http.keys import viewer_of
 from troupe.http.respond import send_error, send_json
 from troupe.http.server.exchange import Exchange
 from troupe.ops.access import ALL_KINDS, DEFAULT_KINDS
@@ -36,7 +36,7 @@ async def recent_requests(router: Router, ex: Exchange) -> None:
         message = "kind must be a comma-separated list of " + ", ".join(sorted(ALL_KINDS))
         await send_error(ex, message + " (or all)", "invalid_request_error")
         return
-    tenant = tenant_of(router.settings, ex.request.key_name)
+    tenant = viewer_of(router.tenants.current, ex.request.key_name)
     items = [rec.to_json() for rec in router.requests.recent(model, limit, kinds, tenant)]
     await send_json(ex, {"object": "list", "data": items})
 

@@ -11,6 +11,7 @@ from typing import Any
 from troupe import __version__
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.api import dumps
+from troupe.catalog import ModelEntry
 from troupe.catalog.hfcache import split_repo_tag
 from troupe.errors import ConfigError
 from troupe.http.body_model import OFF_LOOP_BYTES, BadBody, model_from_body
@@ -19,6 +20,7 @@ from troupe.http.models_json import models_list, settled_downloads
 from troupe.http.respond import local_body, send_error, send_failure, send_json, send_stream
 from troupe.http.server.exchange import Exchange
 from troupe.router import Router
+from troupe.sched import Failure
 
 __all__ = [
     "disabled",
@@ -28,6 +30,8 @@ __all__ = [
     "models",
     "models_sse",
     "props",
+    "reload",
+    "reload_all",
     "remove",
     "sse_event",
     "unload",
@@ -86,27 +90,80 @@ async def props(router: Router, ex: Exchange) -> None:
     )
 
 
+def _may_use(router: Router, ex: Exchange, name: str) -> bool:
+    """Whether the request's key may use model ``name`` (a catalogue name or alias, or
+    a download's): its tenants file's ``models``."""
+    entry = router.catalog.get(name)
+    names = (name,) if entry is None else (entry.name, *entry.aliases)
+    return router.tenants.current.allows(ex.request.key_name, names)
+
+
+def _visible(router: Router, ex: Exchange, entry: ModelEntry | None) -> ModelEntry | None:
+    """``entry``, or None when the request's key may not use it (then it is unknown)."""
+    if entry is None or _may_use(router, ex, entry.name):
+        return entry
+    return None
+
+
+async def _admin(router: Router, ex: Exchange, action: str) -> bool:
+    """Whether the request's key may do an admin action; False once its 403 went out."""
+    if router.tenants.current.may_admin(ex.request.key_name):
+        return True
+    message = f"this API key may not {action}: it needs a tenant with admin = true"
+    await send_error(ex, message, "permission_error")
+    return False
+
+
+async def reload_all(router: Router) -> tuple[Failure | None, str | None]:
+    """Read the tenants file again and reload the catalogue (``SIGHUP``,
+    ``POST /models/reload``): (the catalogue's failure, why the tenants file was kept),
+    None for each that went through. One does not stop the other."""
+    kept = router.tenants.reload()
+    try:
+        await router.scheduler.reload()
+    except ModelUnavailable as exc:
+        return exc.failure, kept
+    return None, kept
+
+
+async def reload(router: Router, ex: Exchange) -> None:
+    """``POST /models/reload``: the catalogue and the tenants file (admin only)."""
+    if not await _admin(router, ex, "reload"):
+        return
+    failure, kept = await reload_all(router)
+    if failure is not None:
+        await send_failure(ex, failure)
+    elif kept is not None:
+        message = f"the model catalogue was reloaded; the tenants file was kept as it was: {kept}"
+        await send_error(ex, message, "invalid_request_error")
+    else:
+        await send_json(ex, _SUCCESS)
+
+
 async def models(router: Router, ex: Exchange) -> None:
     if ex.params.get("reload", ""):
-        try:
-            await router.scheduler.reload()
-        except ModelUnavailable as exc:
-            await send_failure(ex, exc.failure)
+        if not await _admin(router, ex, "reload"):
+            return
+        failure, _kept = await reload_all(router)  # (a kept tenants file is logged)
+        if failure is not None:
+            await send_failure(ex, failure)
             return
     await settled_downloads(router)
-    doc = models_list(router, int(time.time()))
+    doc = models_list(router, int(time.time()), ex.request.key_name)
     if router.cluster is not None:
         doc = await cluster_models(router, ex, doc)  # every node's (--cluster-nodes)
     await send_json(ex, doc)
 
 
 async def load(router: Router, ex: Exchange) -> None:
+    if not await _admin(router, ex, "load models"):
+        return
     name = await _model_from_json(ex)
     if name is None:
         return
-    entry = router.catalog.resolve(name)
+    entry = _visible(router, ex, router.catalog.resolve(name))
     scheduler = router.scheduler
-    if entry is None and name in scheduler.snapshot.downloads:
+    if entry is None and name in scheduler.snapshot.downloads and _may_use(router, ex, name):
         await send_json(ex, _SUCCESS)  # upstream: not unloaded, so nothing to do
         return
     if entry is None:
@@ -126,11 +183,14 @@ async def load(router: Router, ex: Exchange) -> None:
 
 
 async def unload(router: Router, ex: Exchange) -> None:
+    if not await _admin(router, ex, "unload models"):
+        return
     name = await _model_from_json(ex)
     if name is None:
         return
-    entry = router.catalog.resolve(name)
-    if entry is None and name not in router.scheduler.snapshot.downloads:
+    entry = _visible(router, ex, router.catalog.resolve(name))
+    downloading = name in router.scheduler.snapshot.downloads and _may_use(router, ex, name)
+    if entry is None and not downloading:
         await send_error(ex, "model is not found", "invalid_request_error")
         return
     try:  # a download: answered once its job has ended (as upstream)
@@ -153,12 +213,17 @@ async def models_sse(router: Router, ex: Exchange) -> None:
     async def events() -> AsyncGenerator[bytes, None]:
         with router.scheduler.subscribe() as channel:
             async for event in channel:
+                model = event.get("model")
+                if isinstance(model, str) and not _may_use(router, ex, model):
+                    continue  # a model this key may not use: as if it did not exist
                 yield sse_event(event if node is None else {**event, "node": node})
 
     await send_stream(ex, b"X-Accel-Buffering: no\r\n", events())
 
 
 async def download(router: Router, ex: Exchange) -> None:
+    if not await _admin(router, ex, "download models"):
+        return
     name = await _model_from_json(ex)
     if name is None:
         return
@@ -184,9 +249,14 @@ async def download(router: Router, ex: Exchange) -> None:
 
 
 async def remove(router: Router, ex: Exchange) -> None:
+    if not await _admin(router, ex, "delete models"):
+        return
     name = ex.params.get("model", "")
     if not name:
         await send_error(ex, "model must be a non-empty string", "invalid_request_error")
+        return
+    if not _may_use(router, ex, name):  # one this key may not use: the core's words
+        await send_failure(ex, Failure.server_error(f"model name={name} is not found"))
         return
     try:
         await router.scheduler.remove(name)

@@ -191,11 +191,17 @@ async def settled_downloads(ctx: Router, within: float = 10.0) -> None:
         await ctx.scheduler.wait_until(settled)
 
 
-def models_list(ctx: Router, created: int) -> dict[str, Any]:
+def models_list(ctx: Router, created: int, tenant: str = "") -> dict[str, Any]:
+    """The models ``tenant`` may use (its tenants file's ``models``; "": every one)."""
     now = trio.current_time()
-    items = [(e.name, model_item(ctx, e, created, now)) for e in ctx.catalog.visible()]
+    allows = ctx.tenants.current.allows
+    items = [
+        (e.name, model_item(ctx, e, created, now))
+        for e in ctx.catalog.visible()
+        if allows(tenant, (e.name, *e.aliases))
+    ]
     for name, view in ctx.scheduler.snapshot.downloads.items():
-        if ctx.catalog.get(name) is None:
+        if ctx.catalog.get(name) is None and allows(tenant, (name,)):
             items.append((name, download_item(view, created)))
     items.sort(key=lambda item: item[0].encode())
     return {"data": [item for _, item in items], "object": "list"}

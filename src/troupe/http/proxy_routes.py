@@ -127,7 +127,7 @@ async def handle_proxy_post(ctx: Router, ex: Exchange) -> None:
     if ctx.cluster is not None and await forward_elsewhere(ctx, ex, name):
         return  # another node's model: served there (--cluster-nodes)
     conv_id = ex.header(b"x-conversation-id") or ""
-    owner = tenant_of(ctx.settings, ex.request.key_name)
+    owner = tenant_of(ctx.tenants.current, ex.request.key_name)
     if conv_id and owner:  # the child keeps the stream under the owner's id
         headers = ex.request.headers
         for i, (key, _value) in enumerate(headers):
@@ -153,7 +153,7 @@ async def handle_stream_get(ctx: Router, ex: Exchange) -> None:
         )
         return
     # Another tenant's conversation is one that does not exist (the same 404).
-    owner = tenant_of(ctx.settings, ex.request.key_name)
+    owner = tenant_of(ctx.tenants.current, ex.request.key_name)
     model = ctx.conversations.lookup(conv_id, owner=owner)
     if model is None and ctx.cluster is not None and await stream_elsewhere(ctx, ex):
         return  # another node holds it (--cluster-nodes)

@@ -48,6 +48,7 @@ _ROUTER_OWN: dict[tuple[str, str], Handler] = {
     ("POST", "/models"): watched(model_routes.download),
     ("POST", "/models/load"): watched(model_routes.load),
     ("POST", "/models/unload"): watched(model_routes.unload),
+    ("POST", "/models/reload"): watched(model_routes.reload),
     ("DELETE", "/models"): watched(model_routes.remove),
     ("GET", "/logs/stream"): watched(ops_routes.logs_stream),
     ("POST", "/v1/streams/lookup"): watched(streams.streams_lookup),

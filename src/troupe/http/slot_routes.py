@@ -32,7 +32,7 @@ log = logging.getLogger("troupe.http")
 
 async def slots(ctx: Router, ex: Exchange) -> None:
     kv = ctx.kv
-    if kv is None or len(ctx.settings.api_keys) < 2:
+    if kv is None or not ctx.tenants.current.private:
         await handle_proxy_get(ctx, ex)  # one tenant: the engine's answer as it is
         return
     rec, started = access.begin(ctx, ex)

@@ -67,7 +67,7 @@ async def streams_lookup(router: Router, ex: Exchange) -> None:
         return
     ids = body.get("conversation_ids") if isinstance(body, dict) else None
     per_model: dict[str, list[str]] = {}
-    owner = tenant_of(router.settings, ex.request.key_name)
+    owner = tenant_of(router.tenants.current, ex.request.key_name)
     for cid in ids if isinstance(ids, list) else []:
         if isinstance(cid, str) and cid:
             model = router.conversations.lookup(cid, owner=owner)
@@ -99,7 +99,7 @@ async def stream_delete(router: Router, ex: Exchange) -> None:
     if not conv_id:
         await send_error(ex, "Missing conversation id in path", "invalid_request_error")
         return
-    owner = tenant_of(router.settings, ex.request.key_name)
+    owner = tenant_of(router.tenants.current, ex.request.key_name)
     model = router.conversations.lookup(conv_id, owner=owner)
     # Also cancels a request parked in a load wait (the owner's only).
     router.conversations.forget(conv_id, owner=owner)

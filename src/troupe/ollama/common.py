@@ -38,9 +38,12 @@ __all__ = [
     "describe_keep_alive",
     "keep_alive_of",
     "lease",
+    "may_admin",
+    "may_use",
     "model_entry",
     "not_found",
     "read_json",
+    "refuse_admin",
     "send_error",
 ]
 
@@ -82,10 +85,26 @@ async def model_entry(ctx: Router, ex: Exchange, req: Mapping[str, Any]) -> Mode
         await send_error(ex, 400, "model is required")
         return None
     entry = resolve(ctx.catalog, name)
-    if entry is None:
-        await send_error(ex, 404, not_found(name))
+    if entry is None or not may_use(ctx, ex, entry):
+        await send_error(ex, 404, not_found(name))  # one this key may not use: the same
         return None
     return entry
+
+
+def may_use(ctx: Router, ex: Exchange, entry: ModelEntry) -> bool:
+    """Whether the request's key may use ``entry`` (its tenants file's ``models``)."""
+    return ctx.tenants.current.allows(ex.request.key_name, (entry.name, *entry.aliases))
+
+
+def may_admin(ctx: Router, ex: Exchange) -> bool:
+    """Whether the request's key may pull, delete, load and unload (``admin``)."""
+    return ctx.tenants.current.may_admin(ex.request.key_name)
+
+
+async def refuse_admin(ex: Exchange, action: str) -> None:
+    """403 in Ollama's shape: ``action`` needs an admin key."""
+    message = f"this API key may not {action}: it needs a tenant with admin = true"
+    await send_error(ex, 403, message)
 
 
 async def keep_alive_of(ex: Exchange, req: Mapping[str, Any]) -> tuple[bool, float | None]:
@@ -115,9 +134,14 @@ async def lease(
     rec, began = begin(ctx, ex)
     rec.model, rec.catalogued = entry.name, True
     left = False
+    if keep_alive is not None and not may_admin(ctx, ex):
+        keep_alive = None  # how long a shared model stays is not a tenant's to say
     try:
         autoload = autoload_flag(ex.params, ctx.settings.models_autoload)
-        held = Lease(ctx, entry.name, autoload=autoload, keep_alive=keep_alive, record=rec)
+        held = Lease(
+            ctx, entry.name, autoload=autoload, keep_alive=keep_alive, record=rec,
+            tenant=rec.tenant,
+        )  # fmt: skip
         try:
             async with held:
                 await work(held.grant, held.waited)

@@ -29,8 +29,10 @@ from troupe.ollama.common import (
     child_headers,
     keep_alive_of,
     lease,
+    may_admin,
     model_entry,
     read_json,
+    refuse_admin,
     send_error,
 )
 from troupe.ollama.requests import (
@@ -116,7 +118,9 @@ async def _on_slot(
         return
     conv = ex.header(b"x-conversation-id") or ""
     args = (grant.model, grant.gen, child.target, child.body, conv)
-    async with ctx.kv.held(*args, tenant=tenant_of(ctx.settings, ex.request.key_name)) as hold:
+    async with ctx.kv.held(
+        *args, tenant=tenant_of(ctx.tenants.current, ex.request.key_name)
+    ) as hold:
         yield hold
 
 
@@ -227,6 +231,9 @@ async def _load_or_unload(
     else:
         out["response"] = ""
     if keep_alive == 0:
+        if not may_admin(ctx, ex):  # unloading a model others share: an admin's action
+            await refuse_admin(ex, "unload models (keep_alive 0)")
+            return
         # Through the scheduler like any keep_alive: it unloads once the model's requests
         # end (at once when idle); the scheduler answers when it is gone.
         await ctx.scheduler.unload_once_idle(entry.name)

@@ -15,7 +15,16 @@ from troupe.catalog.hfcache import split_repo_tag
 from troupe.errors import ConfigError
 from troupe.http.models_json import settled_downloads
 from troupe.http.server.exchange import Exchange
-from troupe.ollama.common import NDJSON, NDJSON_TYPE, model_entry, read_json, send_error
+from troupe.ollama.common import (
+    NDJSON,
+    NDJSON_TYPE,
+    may_admin,
+    may_use,
+    model_entry,
+    read_json,
+    refuse_admin,
+    send_error,
+)
 from troupe.ollama.info import chat_template, ps_item, show_json, tags_item
 from troupe.ollama.names import hub_name, resolve
 from troupe.router import Router
@@ -49,7 +58,7 @@ async def version(ctx: Router, ex: Exchange) -> None:
 
 
 async def tags(ctx: Router, ex: Exchange) -> None:
-    models = [tags_item(ctx, e) for e in ctx.catalog.visible()]
+    models = [tags_item(ctx, e) for e in ctx.catalog.visible() if may_use(ctx, ex, e)]
     await ex.respond(200, dumps({"models": models}))
 
 
@@ -58,7 +67,7 @@ async def ps(ctx: Router, ex: Exchange) -> None:
     out = []
     for entry in ctx.catalog:
         view = snapshot.models.get(entry.name)
-        if view is not None and view.status.is_ready_or_sleeping:
+        if view is not None and view.status.is_ready_or_sleeping and may_use(ctx, ex, entry):
             out.append(ps_item(ctx, entry, view))
     await ex.respond(200, dumps({"models": out}))
 
@@ -81,6 +90,9 @@ async def delete(ctx: Router, ex: Exchange) -> None:
         return
     entry = await model_entry(ctx, ex, req)
     if entry is None:
+        return
+    if not may_admin(ctx, ex):
+        await refuse_admin(ex, "delete models")
         return
     if not entry.can_remove:
         message = (
@@ -126,8 +138,14 @@ async def pull(ctx: Router, ex: Exchange) -> None:
         return
     name = hub_name(name)  # hf.co/org/repo:TAG is org/repo:TAG
     stream = req.get("stream") is not False
-    if resolve(ctx.catalog, name) is not None and name not in ctx.scheduler.snapshot.downloads:
+    present = resolve(ctx.catalog, name)
+    if present is not None and not may_use(ctx, ex, present):
+        present = None  # one this key may not use is one that is not there
+    if present is not None and name not in ctx.scheduler.snapshot.downloads:
         await _finish(ex, stream, [{"status": "pulling manifest"}, {"status": "success"}])
+        return  # nothing to download: no admin action
+    if not may_admin(ctx, ex):
+        await refuse_admin(ex, "pull models")
         return
     try:
         split_repo_tag(name)

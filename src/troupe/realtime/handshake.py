@@ -20,7 +20,7 @@ from troupe.api import JSON_TYPE, strip_prefix
 from troupe.catalog import ModelEntry
 from troupe.http import access
 from troupe.http.errors import NOT_FOUND_BODY, failure_body, middleware_error_body
-from troupe.http.keys import ring_for, tenant_of
+from troupe.http.keys import tenant_of
 from troupe.http.models_json import architecture_of
 from troupe.http.respond import retry_after
 from troupe.lease import autoload_flag, validate_model
@@ -130,14 +130,15 @@ async def _serve(ctx: Router, request: WebSocketRequest, rec: AccessRecord) -> N
         await reject(503, "Loading model", body)
         return
     api_key = client_key(request)
-    keys = ring_for(ctx.settings)
-    key_name = keys.match(api_key or "") if keys else ""
-    if key_name is None:
+    keys = ctx.tenants.current
+    caller = keys.match(api_key or "") if keys else None
+    if keys and caller is None:
         log.warning("unauthorized: Invalid API Key")
         body = middleware_error_body("Invalid API Key", "authentication_error", 401)
         await reject(401, "Invalid API Key", body)
         return
-    rec.tenant = tenant_of(ctx.settings, key_name)
+    key_name = "" if caller is None else caller.name
+    rec.tenant = tenant_of(keys, key_name)
     if strip_prefix(path, ctx.settings.api_prefix) not in REALTIME_PATHS:
         await reject(404, "File Not Found", NOT_FOUND_BODY)
         return
@@ -147,7 +148,7 @@ async def _serve(ctx: Router, request: WebSocketRequest, rec: AccessRecord) -> N
         await reject(400, failure.message, failure_body(failure))
         return
     autoload = autoload_flag(params, ctx.settings.models_autoload)
-    checked = validate_model(ctx, params.get("model", ""), autoload)
+    checked = validate_model(ctx, params.get("model", ""), autoload, key_name)
     if isinstance(checked, Failure):
         await reject(checked.status, checked.message, failure_body(checked), retry_after(checked))
         return

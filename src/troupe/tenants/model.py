@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import hmac
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["DEFAULT_CLASS", "Limits", "Tenant", "TenantClass", "TenantTerms", "Tenants"]
@@ -103,6 +103,41 @@ class Tenants:
 
     def named(self, name: str) -> Tenant | None:
         return next((t for t in self.tenants if t.name == name), None)
+
+    @property
+    def private(self) -> bool:
+        """Whether tenants are kept apart: several of them, or a tenants file. Else one
+        tenant, "", for whom every record is everyone's (as upstream)."""
+        return self.from_file or len(self.tenants) > 1
+
+    def owner(self, name: str) -> str:
+        """Whose request one by tenant ``name`` is, for records, conversations and the KV
+        store: ``name`` when tenants are kept apart, else ""."""
+        return name if self.private else ""
+
+    def viewer(self, name: str) -> str:
+        """Whose records tenant ``name`` sees ("" means everyone's): its own when tenants
+        are kept apart, unless a tenants file makes it admin."""
+        if not self.private:
+            return ""
+        tenant = self.named(name)
+        return "" if self.from_file and tenant is not None and tenant.admin else name
+
+    def allows(self, name: str, models: Iterable[str]) -> bool:
+        """Whether tenant ``name`` may use a model known by ``models`` (its name and its
+        aliases). No keys, or no key needed (""): yes. A name not in the book (removed
+        by a reload while its request was on its way): no."""
+        if not name or not self.tenants:
+            return True
+        tenant = self.named(name)
+        return tenant is not None and any(tenant.may_use(m) for m in models)
+
+    def may_admin(self, name: str) -> bool:
+        """Whether tenant ``name`` may load, unload, pull, delete and reload."""
+        if not name or not self.tenants:
+            return True
+        tenant = self.named(name)
+        return tenant is not None and tenant.admin
 
     def klass(self, tenant: Tenant) -> TenantClass:
         return self.classes.get(tenant.klass) or TenantClass(tenant.klass)
