@@ -40,7 +40,7 @@ from troupe.sched.settle import FAKE_TIMING_DELAY, Limits, Settler
 from troupe.sched.shutdown import Shutdown, queue_full
 from troupe.sched.status import Status
 from troupe.sched.table import ModelConfig, ModelTable, Snapshot
-from troupe.sched.views import QueueReporter, Situation, model_views
+from troupe.sched.views import QueueReporter, model_views
 
 __all__ = ["SchedulerCore"]
 
@@ -481,22 +481,17 @@ class SchedulerCore:
         self._version += 1
         return Snapshot(
             version=self._version,
-            models=model_views(
-                self.table, self.queue, self._situation(), self.memory, self.projections
-            ),
+            models=model_views(self.table, self.queue, self.memory, self.projections),
             models_max=self.limits.models_max,
             queue=tuple((e.model, e.waiters) for e in self.queue.entries),
             devices=self.memory.sample.devices if self.memory and self.memory.sample else (),
             recent_swaps=self.clock.recent_swaps(self._now),
         )
 
-    def _situation(self) -> Situation:
-        return Situation(self.changes.reloading, self.settler.has_capacity())
-
     def _settle(self, now: float) -> None:
         self._now = now
         self.settler.settle(now)
 
     def _flush(self) -> list[Effect]:
-        self._reporter.report(self.table, self.queue, self._situation(), self.outbox)
+        self._reporter.report(self.queue, self.outbox)
         return self.outbox.take()

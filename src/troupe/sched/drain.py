@@ -2,7 +2,7 @@
 
 A model that gets no slot because every loaded model is busy waits at most
 ``drain_after`` seconds; then the busy model with the least demand is drained for
-it (the settling rules pick which, see `troupe.sched.settle`). ``drain_after`` None
+it (which one, and when a drain ends: `troupe.sched.rules.drain`). ``drain_after`` None
 is upstream's behaviour: no drain, and victims chosen by recency alone.
 """
 
@@ -39,6 +39,11 @@ class DrainClock:
                 self._starved_since = now
         else:
             self._starved_since = None
+
+    @property
+    def starving(self) -> bool:
+        """The last settle saw the queue starve (the drain timer runs)."""
+        return self._starved_since is not None
 
     def deadline(self) -> float | None:
         if self._starved_since is None or self.drain_after is None:

@@ -1,6 +1,8 @@
 """May a model load now? A free slot (``--models-max``) and room in memory, asking for
 what it takes when there is none (a reading, one eviction at a time), or, with fair
-and memory admission on, the slot of an idle model already on its way out."""
+and memory admission on, the slot of an idle model already on its way out.
+
+`verdict` answers `Load`, or `Wait` with the reason in words (what ``/models`` shows)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.table import ModelState, ModelTable
+from troupe.sched.verdicts import NO_SLOT, STOPPING, GateVerdict, Load, Wait
 
 __all__ = ["LoadGate"]
 
@@ -47,13 +50,29 @@ class LoadGate:
         models_max = self.models_max
         return models_max <= 0 or self._table.running_count() < models_max
 
-    def admits(self, m: ModelState, now: float) -> bool:
-        """A queued model may load: a free slot and room in memory, or (see
+    def verdict(self, m: ModelState, now: float) -> GateVerdict:
+        """May queued model ``m`` load now: a free slot and room in memory, or (see
         `_starts_beside_leaving`) a slot whose model is already on its way out; and a
         CPU lane (`Placement`)."""
         if self.has_capacity():
-            return self.memory_admits(m, now) and self.placement.admits(m, now)
-        return self._starts_beside_leaving(m) and self.placement.admits(m, now)
+            fits = self.memory_verdict(m, now)
+            if isinstance(fits, Wait):
+                return fits
+        elif not self._starts_beside_leaving(m):
+            return self._wait(m, NO_SLOT)
+        if self.placement.admits(m, now):
+            return Load()
+        return self._wait(m, "waiting for a CPU lane")
+
+    def _wait(self, m: ModelState, otherwise: str) -> Wait:
+        """Wait, for what frees room first: a model drained for ``m``, any stop."""
+        table = self._table
+        draining = next((o.name for o in table if o.draining_for == m.name), None)
+        if draining is not None:
+            return Wait(f"waiting for {draining} to finish its requests (swapped out for it)")
+        if table.any_stopping():
+            return Wait(STOPPING)
+        return Wait(otherwise)
 
     def _starts_beside_leaving(self, m: ModelState) -> bool:
         """With fair admission and memory admission on, a model takes the slot of an idle
@@ -83,18 +102,22 @@ class LoadGate:
         return fits
 
     def memory_admits(self, m: ModelState, now: float) -> bool:
+        """`memory_verdict` as a yes or no."""
+        return isinstance(self.memory_verdict(m, now), Load)
+
+    def memory_verdict(self, m: ModelState, now: float) -> GateVerdict:
         """Does ``m`` fit in memory with the margin? If not, ask for what it takes (a fresh
-        reading, one eviction at a time) and answer False: the caller waits."""
+        reading, one eviction at a time) and say why the caller waits."""
         memory = self._memory
         name = m.name
         if memory is None:
-            return True
+            return Load()
         projections = self._projections
         if projections and projections.pending(name) and not memory.ledger.effective.get(name):
             # Measured first (the engine's projection takes a fraction of a second;
             # a failure or a timeout falls back to the estimate).
             projections.bump(name)
-            return False
+            return self._wait(m, "waiting for memory: its need is being measured")
         table = self._table
         verdict, read = memory.verdict(
             name,
@@ -107,9 +130,9 @@ class LoadGate:
         if isinstance(verdict, Evict):
             cause = StopCause(StopReason.MEMORY, name)
             self._children.stop(table.models[verdict.victim], cause, now)
-            return False
+            return Wait(STOPPING)
         if isinstance(verdict, Admit):
             if verdict.warning is not None:
                 self._out.emit(MemoryWarning(name, verdict.warning))
-            return True
-        return False
+            return Load()
+        return self._wait(m, "waiting for memory")

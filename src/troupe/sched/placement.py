@@ -78,6 +78,10 @@ class Placement:
         self._reserved.discard(name)
         return self._planned.pop(name, None)
 
+    def holds_any(self) -> bool:
+        """Lanes are planned or reserved for models not spawned yet."""
+        return bool(self._planned or self._reserved)
+
     def keep_reserved(self, wanted: set[str]) -> None:
         """Reservations last while their model still waits for a load."""
         self._reserved &= wanted

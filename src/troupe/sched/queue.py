@@ -23,6 +23,9 @@ class QueueEntry:
     model: str
     waiters: int = 1
     loading: bool = False  # the head claimed its slot and is loading
+    # Why its requests wait, in words: recorded by the settle rule that last decided for
+    # it (`troupe.sched.rules`); /models and troupe_queue events show it as it is.
+    reason: str = "waiting"
 
 
 @attrs.define

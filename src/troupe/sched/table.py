@@ -215,6 +215,10 @@ class ModelTable:
     def running_names(self) -> list[str]:
         return [m.name for m in self.models.values() if m.is_running]
 
+    def in_phase(self, phase: Phase) -> bool:
+        """Is any model in ``phase``?"""
+        return any(m.phase is phase for m in self.models.values())
+
     def any_stopping(self) -> bool:
         return any(m.stopping for m in self.models.values())
 

@@ -1,9 +1,8 @@
-"""What the scheduler core shows of itself: the snapshot readers get, and the words it
-uses for why a request waits (``/models``, the ``troupe_queue`` SSE events)."""
+"""What the scheduler core shows of itself: the snapshot readers get, and the
+``troupe_queue`` SSE events. Why a request waits is not derived here: the settle rule
+that decided it recorded the reason on the queue entry (`QueueEntry.reason`)."""
 
 from __future__ import annotations
-
-import attrs
 
 from troupe.sched.admission import MemoryAdmission
 from troupe.sched.events import QueueChanged
@@ -11,47 +10,9 @@ from troupe.sched.memory import PerDevice
 from troupe.sched.outbox import Outbox
 from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
-from troupe.sched.status import Status
 from troupe.sched.table import ModelState, ModelTable, ModelView
 
-__all__ = ["QueueReporter", "Situation", "model_views", "wait_reason"]
-
-
-@attrs.frozen
-class Situation:
-    """What the table alone does not say about why a request waits."""
-
-    reloading: bool
-    has_capacity: bool
-
-
-def wait_reason(table: ModelTable, queue: AdmissionQueue, model: str, situation: Situation) -> str:
-    """Why the requests queued for ``model`` wait, in words for /models and SSE."""
-    m = table.get(model)
-    entry = queue.find(model)
-    if m is None or entry is None:
-        return "waiting"
-    if entry.loading or m.status is Status.LOADING:
-        return "loading"
-    if m.stopping:
-        return "waiting for its previous instance to stop"
-    if m.draining_for is not None:
-        return f"being swapped out for {m.draining_for}: waits for the next instance"
-    if situation.reloading:
-        return "waiting for a reload to finish"
-    if m.status.is_ready_or_sleeping:
-        return "ready"
-    first = queue.next_to_claim()
-    if first is not None and first.model != model:
-        return f"in line behind {first.model}"
-    draining = [o.name for o in table if o.draining_for == model]
-    if draining:
-        return f"waiting for {draining[0]} to finish its requests (swapped out for it)"
-    if table.any_stopping():
-        return "waiting for a model to stop"
-    if not situation.has_capacity:
-        return "waiting for a slot: every loaded model is busy or pinned"
-    return "waiting for memory"
+__all__ = ["QueueReporter", "model_views"]
 
 
 class QueueReporter:
@@ -61,13 +22,8 @@ class QueueReporter:
     def __init__(self) -> None:
         self._seen: dict[str, tuple[int, int, str]] = {}
 
-    def report(
-        self, table: ModelTable, queue: AdmissionQueue, situation: Situation, out: Outbox
-    ) -> None:
-        seen = {
-            e.model: (e.waiters, i + 1, wait_reason(table, queue, e.model, situation))
-            for i, e in enumerate(queue.entries)
-        }
+    def report(self, queue: AdmissionQueue, out: Outbox) -> None:
+        seen = {e.model: (e.waiters, i + 1, e.reason) for i, e in enumerate(queue.entries)}
         for model in sorted(seen.keys() | self._seen.keys()):
             state = seen.get(model)
             if state != self._seen.get(model):
@@ -79,12 +35,11 @@ class QueueReporter:
 def model_views(
     table: ModelTable,
     queue: AdmissionQueue,
-    situation: Situation,
     memory: MemoryAdmission | None,
     projections: Projections | None,
 ) -> dict[str, ModelView]:
     waiting = {e.model: e.waiters for e in queue.entries}
-    reasons = {e.model: wait_reason(table, queue, e.model, situation) for e in queue.entries}
+    reasons = {e.model: e.reason for e in queue.entries}
     ledger = memory.ledger if memory is not None else None
     return {
         name: ModelView(

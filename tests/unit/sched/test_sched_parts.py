@@ -17,7 +17,7 @@ from troupe.sched.phase import TRANSITIONS, IllegalTransition
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reloads import CatalogueChanges
 from troupe.sched.table import ModelConfig, ModelState, ModelTable
-from troupe.sched.views import QueueReporter, Situation
+from troupe.sched.views import QueueReporter
 
 MiB = 1 << 20
 
@@ -239,16 +239,20 @@ def test_a_reload_asked_for_during_one_is_folded_into_it_and_the_later_catalogue
 
 
 def test_queue_reports_only_say_what_changed() -> None:
-    table = ModelTable([ModelConfig("a")])
     queue = AdmissionQueue()
     reporter, out = QueueReporter(), Outbox()
-    calm = Situation(reloading=False, has_capacity=True)
-    queue.join("a")
-    reporter.report(table, queue, calm, out)
-    reporter.report(table, queue, calm, out)  # nothing changed: nothing said
+    queue.join("a").reason = "waiting for memory"
+    reporter.report(queue, out)
+    reporter.report(queue, out)  # nothing changed: nothing said
+    queue.join("a").reason = "waiting for memory"  # the same reason recorded again
+    reporter.report(queue, out)
     queue.leave("a")
-    reporter.report(table, queue, calm, out)
+    reporter.report(queue, out)  # one waiter fewer
+    queue.leave("a")
+    reporter.report(queue, out)
     assert [e.event for e in out.take() if isinstance(e, Emit)] == [
+        QueueChanged("a", 1, 1, "waiting for memory"),
+        QueueChanged("a", 2, 1, "waiting for memory"),
         QueueChanged("a", 1, 1, "waiting for memory"),
         QueueChanged("a", 0, None, None),
     ]
