@@ -33,10 +33,13 @@ class ChildConnection:
 
     __slots__ = (
         "chunk_open",
+        "chunked",
         "collect",
+        "content_type",
         "decoded",
         "done",
         "drained",
+        "has_length",
         "head_done",
         "headers",
         "keep_alive",
@@ -58,6 +61,10 @@ class ChildConnection:
         self.head_done = False
         self.done = False
         self.keep_alive = True
+        # Read off the head once, in `on_headers_complete` (the relay asks for each).
+        self.chunked = False  # Transfer-Encoding: chunked
+        self.has_length = False  # a Content-Length field
+        self.content_type: bytes | None = None
         self.chunk_open = False
         self.collect = False  # keep decoded body pieces (chunks()), else just follow
         self.decoded: list[bytes] = []
@@ -74,13 +81,23 @@ class ChildConnection:
 
     def on_headers_complete(self) -> None:
         self.head_done = True
+        chunked = has_length = False
+        content_type = None
+        for key, value in self.headers:
+            lowered = key.lower()
+            if lowered == b"content-type":
+                if content_type is None:
+                    content_type = value
+            elif lowered == b"content-length":
+                has_length = True
+            elif lowered == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+        self.chunked, self.has_length, self.content_type = chunked, has_length, content_type
         # llama-server (cpp-httplib) closes the connection right after a chunked answer
         # (a stream) although it says keep-alive: measured, its FIN follows the last
         # chunk at once. Pooled, the connection would race that close (the next request
         # sent into it is lost, and a POST cannot go again), so it is not kept.
-        self.keep_alive = self.parser.should_keep_alive() and not any(
-            k.lower() == b"transfer-encoding" and b"chunked" in v.lower() for k, v in self.headers
-        )
+        self.keep_alive = not chunked and self.parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
         if self.collect:
@@ -114,6 +131,22 @@ class ChildConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise Broken(f"connection to the child broke: {exc}") from exc
 
+    async def _receive_when_readable(self) -> bytes:
+        """A read that first waits for the socket to be readable: right after a request
+        went out the child has not answered yet, so a read tried first would only fail
+        (a syscall and an exception) before the same wait."""
+        raw = self.raw
+        try:
+            await trio.lowlevel.wait_readable(raw)
+            try:
+                data = raw.recv(READ_SIZE)
+            except BlockingIOError:
+                data = bytes(await self.stream.receive_some(READ_SIZE))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise Broken(f"connection to the child broke: {exc}") from exc
+        self.drained = len(data) < READ_SIZE
+        return data
+
     async def read_head(self) -> bytes:
         """Read up to the end of a final (not 1xx) answer's head; returns the body bytes
         that came with it. Raises `Stale` if the child closed before answering. One
@@ -131,7 +164,7 @@ class ChildConnection:
                 if len(buf) > MAX_HEAD:
                     raise UpstreamError("the child's answer head is too large")
                 try:
-                    data = await self._receive()
+                    data = await self._receive_when_readable()
                 except Broken as exc:
                     if buf:
                         raise
@@ -182,23 +215,16 @@ class UpstreamResponse:
         self.headers: list[tuple[bytes, bytes]] = conn.headers
         self._first = first  # body bytes that arrived with the head, not yet handed out
         self.read_timeout = conn.read_timeout
+        self.chunked = conn.chunked  # Transfer-Encoding: chunked
+        self.content_type = conn.content_type  # the Content-Type field, if any
         # No length and not chunked: the body runs until the child closes (RFC 9112 6.3).
-        self._until_close = (
-            not conn.done
-            and not self.chunked
-            and not any(k.lower() == b"content-length" for k, _ in self.headers)
-        )
+        self._until_close = not conn.done and not conn.chunked and not conn.has_length
 
     def header(self, name: bytes) -> str | None:
         for key, value in self.headers:
             if key.lower() == name:
                 return value.decode("latin-1")
         return None
-
-    @property
-    def chunked(self) -> bool:
-        value = self.header(b"transfer-encoding")
-        return value is not None and "chunked" in value.lower()
 
     @property
     def complete(self) -> bool:

@@ -330,8 +330,7 @@ class Relay:
         report: RelayReport | None,
     ) -> int:
         """Head, then body bytes as they come; returns the body bytes relayed."""
-        content_type = upstream.header(b"content-type") or ""
-        sse = content_type.startswith("text/event-stream")
+        sse = (upstream.content_type or b"").startswith(b"text/event-stream")
         head = client.head(upstream.status_code, response_fields(upstream), length=None)
         if report is not None:
             report.sse = sse

@@ -18,6 +18,7 @@ import trio
 
 from troupe.api import JSON_TYPE
 from troupe.http.server.parse import Refusal, Request
+from troupe.http.server.watch import WATCH_AFTER, Watched
 
 if TYPE_CHECKING:
     from troupe.http.server.connection import Connection
@@ -33,9 +34,6 @@ _JSON_TYPE = JSON_TYPE.encode("latin-1")
 def status_line(status: int) -> bytes:
     line = _STATUS_LINES.get(status)
     return line if line is not None else b"HTTP/1.1 %d Unknown\r\n" % status
-
-
-WATCH_AFTER = 0.02  # seconds before a request starts watching for its client leaving
 
 
 class ClientGone(Exception):
@@ -201,15 +199,38 @@ class Exchange:
     async def until_client_leaves(self, work: Callable[[], Awaitable[None]]) -> bool:
         """Run ``work`` until it ends or the client disconnects (which cancels it, so a
         waiting request leaves the queue and a relay stops its child at once). Returns
-        True when the client left. Bytes of a next, pipelined request are kept."""
+        True when the client left. Bytes of a next, pipelined request are kept.
+
+        The client is watched only once ``work`` has run `WATCH_AFTER`, by the server's
+        `ClientWatch` (no task of its own per request)."""
+        conn = self._conn
+        watch = conn.server.watch
+        if watch.nursery is None:  # a server not serving (yet): a watcher of its own
+            return await self._until_client_leaves_alone(work)
+        gone = False
+        with trio.CancelScope() as scope:
+            watched = Watched(conn, scope)
+            watch.add(watched, trio.current_time())
+            try:
+                await work()
+            except* ClientGone:
+                # A write found the client gone (before the watch did), maybe from
+                # inside the app's own nursery: caught here, whole or in a group.
+                gone = True
+            finally:
+                await watch.end(watched)
+        if watched.gone:
+            gone = True
+            self.keep_alive = False
+        return gone
+
+    async def _until_client_leaves_alone(self, work: Callable[[], Awaitable[None]]) -> bool:
         conn = self._conn
         gone = False
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
                 nonlocal gone
-                # Most answers are done within a few ms: watching the socket costs
-                # syscalls, a timer costs nothing, so the watch starts a little later.
                 await trio.sleep(WATCH_AFTER)
                 if await conn.wait_for_eof():
                     gone = True
@@ -220,9 +241,6 @@ class Exchange:
             try:
                 await work()
             except* ClientGone:
-                # A write found the client gone (before the watch did), maybe from
-                # inside the app's own nursery. Caught here: out of the nursery it
-                # would come wrapped in an exception group.
                 gone = True
             nursery.cancel_scope.cancel()
         return gone

@@ -26,6 +26,7 @@ import trio
 
 from troupe.http.server.config import ServerConfig
 from troupe.http.server.connection import Connection, Handler, error_bytes
+from troupe.http.server.watch import ClientWatch
 
 __all__ = ["HttpServer"]
 
@@ -47,6 +48,7 @@ class HttpServer:
         self.in_flight = 0
         self.draining = False  # no new connections; each closes after its request
         self.stopping = False  # handlers are being cancelled
+        self.watch = ClientWatch()  # who notices a client leaving mid-request
         self._no_requests = trio.Event()
         self._no_connections = trio.Event()
         self._accept_scope: trio.CancelScope | None = None
@@ -65,6 +67,7 @@ class HttpServer:
         """Accept on ``listeners`` until the drain; returns when every connection ended."""
         with self._all_scope:
             async with trio.open_nursery() as connections:
+                self.watch.nursery = connections
                 with trio.CancelScope() as accepting:
                     self._accept_scope = accepting
                     if self.draining:
@@ -185,6 +188,7 @@ class HttpServer:
     def stop_accepting(self) -> None:
         """Close the listening sockets; connections already open go on."""
         self.draining = True
+        self.watch.close()
         if self.in_flight == 0:
             self._no_requests.set()
         if self._accept_scope is not None:
