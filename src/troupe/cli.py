@@ -59,6 +59,10 @@ def _main(args: list[str]) -> int:
         from troupe.commands.ps import run_ps  # noqa: PLC0415
 
         return run_ps(rest)
+    if command == "usage":
+        from troupe.commands.usage import run_usage  # noqa: PLC0415
+
+        return run_usage(rest)
     if command == "doctor":
         from troupe.commands.doctor import run_doctor  # noqa: PLC0415
 

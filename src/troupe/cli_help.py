@@ -18,6 +18,7 @@ commands:
   serve      run the router (the default when the first word is a flag)
   models     list the models troupe would serve, and their status
   ps         the models a running router has loaded: port, pid, memory, requests
+  usage      what each tenant of a running router used, per day and model (tokens, requests)
   doctor     show devices, the engine troupe picked and why, and what fits
   pull       download org/repo[:TAG] from Hugging Face into the HF cache (resumable)
   import     copy or link a local GGUF (and its mmproj) into a --models-dir

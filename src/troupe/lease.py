@@ -11,6 +11,11 @@ In this order, each written here once:
 
 1. the model is validated (`validate_model`: missing, unknown, rejected, not loaded
    without ``?autoload``; `autoload_flag` reads the query);
+1b. the tenant's rate limits and token budget admit it, or it is refused with 429 and
+   never queues (`troupe.tenants.usage.Accounts.admit`: tokens reserved from the body
+   in the same step as the check); the reservation is settled from the engine's counts
+   when the request's access record ends (or here, for a request without one), and
+   given back whole if the request never reached the child;
 2. a conversation a stop may cancel (``stoppable``) gets its ticket, and its wait is
    shielded from the client (a page reload must not cancel the load), cancelled only by
    a stop of the conversation;
@@ -44,6 +49,7 @@ from troupe.kvstore import Hold
 from troupe.ops.access import AccessRecord
 from troupe.router import Router
 from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant
+from troupe.tenants.budget import Refusal, Reservation, rate_headers
 
 __all__ = [
     "NO_SLOT",
@@ -127,21 +133,29 @@ class Lease:
     ``tenant``: whose request it is (`troupe.http.keys.tenant_of`); ``conversation``:
     its conversation id (the KV store's slot, and with ``stoppable`` its ticket).
     ``record``: the access record to fill in (model, waits, refusal).
+    ``body``: the request's JSON, for a tenant with a token limit (its cost: max_tokens
+    and the prompt's estimate). ``rate_fields``: the ``x-ratelimit-*`` header lines for
+    the answer, once admitted (empty when the tenant has no limit). ``used``: the tokens
+    the answer counted, for a door without an access record (None: unknown).
     """
 
     __slots__ = (
+        "_reservation",
         "_rid",
         "_validate",
         "autoload",
+        "body",
         "conversation",
         "ctx",
         "grant",
         "keep_alive",
         "model",
+        "rate_fields",
         "record",
         "stoppable",
         "tenant",
         "update_last_used",
+        "used",
         "waited",
     )
 
@@ -158,6 +172,7 @@ class Lease:
         keep_alive: float | None = None,
         record: AccessRecord | None = None,
         validate: bool = True,
+        body: bytes = b"",
     ) -> None:
         self.ctx = ctx
         self.model = model
@@ -172,6 +187,10 @@ class Lease:
         self.waited = 0.0  # seconds from asking to the grant (or the refusal)
         self._rid = 0
         self.grant: Grant
+        self.body = body
+        self.rate_fields = b""
+        self.used: int | None = None
+        self._reservation: Reservation | None = None
 
     def check(self) -> Failure | None:
         """Validate the model now (entering then does not again): the refusal, if any,
@@ -191,7 +210,13 @@ class Lease:
         ctx = self.ctx
         if self._validate and (failure := self.check()) is not None:
             raise ModelUnavailable(failure)
-        rid, grant = await self._wait()
+        if self.tenant:
+            self._admit()  # before the wait: a request over its limits never queues
+        try:
+            rid, grant = await self._wait()
+        except BaseException:
+            self._give_back()
+            raise
         try:
             if self.keep_alive is not None:
                 # Set while the lease is held (no TTL runs while a request is in flight),
@@ -201,6 +226,7 @@ class Lease:
             if ctx.fake_timing:
                 await trio.sleep(FAKE_TIMING_DELAY)  # counted busy meanwhile, like upstream
         except BaseException:
+            self._give_back()
             await ctx.scheduler.release(rid)
             raise
         self._rid, self.grant = rid, grant
@@ -213,6 +239,43 @@ class Lease:
         tb: TracebackType | None,
     ) -> None:
         await self.ctx.scheduler.release(self._rid)
+        reservation, self._reservation = self._reservation, None
+        if reservation is not None:
+            accounts = self.ctx.accounts
+            if self.record is not None:  # settled from the record's figures as it ends
+                accounts.settle_with(self.record, reservation)
+            else:
+                accounts.settle(reservation, self.used)
+
+    def _admit(self) -> None:
+        """The tenant's limits: reserve, or refuse with 429 (no await in between)."""
+        accounts = self.ctx.accounts
+        limits = accounts.limits(self.tenant)
+        if limits is None:
+            return
+        verdict = accounts.admit(self.tenant, limits, self.body)
+        if isinstance(verdict, Refusal):
+            self.ctx.metrics.observe_rejected(self.tenant, verdict.reason)
+            headers = rate_headers(verdict.quota)
+            if verdict.retry:
+                ms = b"%d" % max(1, round(verdict.retry_after * 1000))
+                headers.append((b"retry-after-ms", ms))
+            else:  # the official SDKs retry a 429 unless told not to
+                headers.append((b"x-should-retry", b"false"))
+            self._refuse(
+                Failure(
+                    429, verdict.message, verdict.type, retry_after=verdict.retry_after,
+                    code=verdict.code, headers=tuple(headers),
+                )
+            )  # fmt: skip
+        self._reservation = verdict.reservation
+        self.rate_fields = b"".join(k + b": " + v + b"\r\n" for k, v in rate_headers(verdict.quota))
+
+    def _give_back(self) -> None:
+        """The request never reached the child: its reserved tokens go back whole."""
+        reservation, self._reservation = self._reservation, None
+        if reservation is not None:
+            self.ctx.accounts.settle(reservation, 0)
 
     def slot(
         self, path: str, body: bytes | dict[str, Any]

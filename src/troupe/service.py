@@ -141,6 +141,7 @@ async def serve_router(
             partial(serve_http, router, websocket=serve_realtime, routes=routes)
         )
         nursery.start_soon(router.requests.write_lines)  # the access log (--access-log on)
+        nursery.start_soon(router.accounts.run)  # tenants' budgets and usage, saved
         nursery.start_soon(router.history.run, router.scheduler, router.metrics)
         if router.cluster is not None:
             nursery.start_soon(router.cluster.run)  # the peers' /models, kept fresh

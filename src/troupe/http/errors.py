@@ -53,9 +53,8 @@ def error_body(message: str, type_: str) -> bytes:
 def failure_body(failure: Failure) -> bytes:
     if failure.status == 404:
         return NOT_FOUND_BODY
-    return dumps(
-        {"error": {"code": failure.status, "message": failure.message, "type": failure.type}}
-    )
+    code = failure.code if failure.code is not None else failure.status
+    return dumps({"error": {"code": code, "message": failure.message, "type": failure.type}})
 
 
 def middleware_error_body(message: str, type_: str, code: int) -> bytes:

@@ -75,7 +75,7 @@ async def _serve(
     held = Lease(
         ctx, name, autoload=autoload_flag(ex.params, ctx.settings.models_autoload),
         update_last_used=update_last_used, tenant=rec.tenant, conversation=conv_id,
-        stoppable=True, record=rec,
+        stoppable=True, record=rec, body=ex.body,
     )  # fmt: skip
     gone = False
     try:
@@ -87,6 +87,8 @@ async def _serve(
         async def work() -> None:
             try:
                 async with held:
+                    if held.rate_fields:  # a tenant with limits: x-ratelimit-* on the answer
+                        ex.base += held.rate_fields
                     await _relay(ctx, ex, held, report)
             except ModelUnavailable as exc:  # (the lease set the record's error)
                 await send_failure(ex, exc.failure)

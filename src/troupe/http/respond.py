@@ -48,9 +48,12 @@ async def send_error(ex: Exchange, message: str, type_: str) -> None:
 
 
 def retry_after(failure: Failure) -> list[tuple[bytes, bytes]]:
+    """``Retry-After`` when the failure has one, and its own headers (a tenant's
+    ``x-ratelimit-*``)."""
     if failure.retry_after is None:
-        return []
-    return [(b"Retry-After", str(max(1, math.ceil(failure.retry_after))).encode())]
+        return list(failure.headers)
+    seconds = str(max(1, math.ceil(failure.retry_after))).encode()
+    return [(b"Retry-After", seconds), *failure.headers]
 
 
 async def send_failure(ex: Exchange, failure: Failure) -> None:

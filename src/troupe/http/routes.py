@@ -11,7 +11,15 @@ goes away cancels them.
 from __future__ import annotations
 
 from troupe.api import PROXY_GET_PATHS, PROXY_GET_WITH_MODEL, PROXY_POST_PATHS
-from troupe.http import activity_routes, dashboard, model_routes, ops_routes, slot_routes, streams
+from troupe.http import (
+    activity_routes,
+    dashboard,
+    model_routes,
+    ops_routes,
+    slot_routes,
+    streams,
+    usage_routes,
+)
 from troupe.http.access import recorded
 from troupe.http.proxy_routes import handle_proxy_get, handle_proxy_post, handle_stream_get
 from troupe.http.respond import watched
@@ -61,6 +69,7 @@ _ROUTER_OWN: dict[tuple[str, str], Handler] = {
     ("GET", DASHBOARD + "/requests"): activity_routes.recent_requests,
     ("GET", DASHBOARD + "/version"): activity_routes.version,
     ("GET", DASHBOARD + "/history"): activity_routes.history,
+    ("GET", DASHBOARD + "/usage"): usage_routes.usage,
 }
 
 ROUTES = RouteTable(

@@ -140,10 +140,12 @@ async def lease(
         autoload = autoload_flag(ex.params, ctx.settings.models_autoload)
         held = Lease(
             ctx, entry.name, autoload=autoload, keep_alive=keep_alive, record=rec,
-            tenant=rec.tenant,
+            tenant=rec.tenant, body=ex.body,
         )  # fmt: skip
         try:
             async with held:
+                if held.rate_fields:  # a tenant with limits: x-ratelimit-* on the answer
+                    ex.base += held.rate_fields
                 await work(held.grant, held.waited)
         except ModelUnavailable as exc:  # (the lease set the record's error)
             failure = exc.failure

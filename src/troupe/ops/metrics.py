@@ -161,6 +161,30 @@ class RouterMetrics:
             ["model"],
             SPEED_BUCKETS,
         )
+        # Per tenant (a key's name; none without keys), to bill from and to see who waits.
+        self.tenant_requests = fast.counter(
+            "troupe_tenant_requests",
+            "Proxied requests per tenant, by the status answered (429: refused by a limit)",
+            ["tenant", "status"],
+        )
+        self.tenant_tokens = fast.counter(
+            "troupe_tenant_tokens",
+            "Tokens the children reported per tenant: direction in (prompt) or out (generated)",
+            ["tenant", "direction"],
+        )
+        self.tenant_wait = fast.histogram(
+            "troupe_tenant_queue_wait_seconds",
+            "How long a tenant's requests waited for a slot or a load (refused ones not counted)",
+            ["tenant"],
+            WAIT_BUCKETS,
+        )
+        self.tenant_rejected = fast.counter(
+            "troupe_tenant_rejected",
+            "Requests refused by a tenant's limits, by reason: requests_per_minute, "
+            "tokens_per_minute, tokens_per_day, in_flight (the day's budget is reserved by "
+            "requests still running), too_large (more than a minute's tokens)",
+            ["tenant", "reason"],
+        )
         self.swaps = Counter(
             "troupe_swaps",
             "Models stopped to make room for another (rate() it; "
@@ -216,6 +240,10 @@ class RouterMetrics:
         `troupe.lease.Lease`)."""
         self.queue_wait.child(model, outcome).observe(max(0.0, waited))
 
+    def observe_rejected(self, tenant: str, reason: str) -> None:
+        """A request refused by ``tenant``'s limits (`troupe.lease.Lease`)."""
+        self.tenant_rejected.inc((tenant, reason))
+
     def observe_relay(
         self, path: str, status: int, request_bytes: int, response_bytes: int
     ) -> None:
@@ -250,6 +278,18 @@ class RouterMetrics:
             self.completion_tokens.inc((model,), rec.completion_tokens)
         if rec.tokens_per_second is not None:
             series.speed.observe(rec.tokens_per_second)
+        if rec.tenant:
+            self._observe_tenant(rec)
+
+    def _observe_tenant(self, rec: AccessRecord) -> None:
+        tenant = rec.tenant
+        self.tenant_requests.inc((tenant, str(rec.status)))
+        if rec.prompt_tokens:
+            self.tenant_tokens.inc((tenant, "in"), rec.prompt_tokens)
+        if rec.completion_tokens:
+            self.tenant_tokens.inc((tenant, "out"), rec.completion_tokens)
+        if rec.queue_wait is not None:
+            self.tenant_wait.child(tenant).observe(rec.queue_wait + (rec.load_wait or 0.0))
 
 
 @attrs.frozen

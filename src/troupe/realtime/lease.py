@@ -55,6 +55,7 @@ class ChildCall:
         lease = Lease(
             ctx, self.model, autoload=self.autoload, tenant=self.tenant,
             conversation=self.conversation, validate=False,  # (validated at the handshake)
+            body=body,  # its cost, for a tenant with a token limit
         )  # fmt: skip
         async with lease:
             grant = lease.grant

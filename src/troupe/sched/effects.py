@@ -69,6 +69,9 @@ class Failure:
     message: str
     type: str
     retry_after: float | None = None  # seconds, for a Retry-After header
+    # A tenant's limit (429): OpenAI's error code and the x-ratelimit-* headers.
+    code: str | None = None
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
     @classmethod
     def bad_request(cls, message: str) -> Failure:
