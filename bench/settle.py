@@ -1,9 +1,11 @@
 """The scheduler core's cost per event on the hot path: a lease taken and released on a
 loaded model (the common case), with nobody waiting, and the same with a queue behind.
 
-Pure core, no I/O: ``SchedulerCore.acquire`` + ``release`` in a loop, timed with
-``time.perf_counter``; reports microseconds per acquire+release pair and how many
-settle rules ran per release (``Settler.rules_run``, when the core counts them).
+Pure core, no I/O: ``SchedulerCore.acquire`` + ``release`` in a loop, and a settle
+alone on the same quiet table, timed with ``time.perf_counter`` (best of ``--rounds``:
+this machine is shared, the best is the least disturbed); reports microseconds per
+acquire+release pair, per settle, and how many settle rules ran per release
+(``Settler.rules_run``, when the core counts them).
 
     .venv/bin/python bench/settle.py [--models N] [--pairs N] [--rounds N]
 """
@@ -32,6 +34,14 @@ def loaded_core(models: int, *, fair: bool) -> SchedulerCore:
     return core
 
 
+def settles(core: SchedulerCore, n: int) -> float:
+    """Seconds per settle of a quiet table (loaded models, nobody waiting)."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        core.settler.settle(2.0)
+    return (time.perf_counter() - t0) / n
+
+
 def pairs(core: SchedulerCore, n: int, models: int) -> float:
     """Seconds per acquire + release on loaded models."""
     rid = 1
@@ -51,16 +61,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     for fair in (False, True):
-        times = []
+        times, alone = [], []
+        per = ""
         for _ in range(args.rounds):
             core = loaded_core(args.models, fair=fair)
+            before = getattr(core.settler, "rules_run", None)
             times.append(pairs(core, args.pairs, args.models))
-        counted = getattr(core.settler, "rules_run", None)
-        per = f", rules run in all: {counted}" if counted is not None else ""
+            if before is not None:
+                ran = core.settler.rules_run - before
+                per = f", {ran / args.pairs:.2f} rules run per release"
+            alone.append(settles(core, args.pairs))
         print(
             f"{'fair' if fair else 'upstream'} admission, {args.models} loaded models: "
-            f"{statistics.median(times) * 1e6:.2f} us per acquire+release "
-            f"(median of {args.rounds}, min {min(times) * 1e6:.2f}){per}"
+            f"{min(times) * 1e6:.2f} us per acquire+release (median "
+            f"{statistics.median(times) * 1e6:.2f}), {min(alone) * 1e6:.2f} us per quiet "
+            f"settle (median {statistics.median(alone) * 1e6:.2f}){per}"
         )
 
 
