@@ -1,0 +1,71 @@
+"""The settle as ordered rules (sched/rules/): only the rules that are due run, and the
+reason a request waits is the one the deciding rule recorded on its queue entry."""
+
+from __future__ import annotations
+
+from schedcore_kit import Bench, grant_of, stops
+
+from troupe.sched import ModelConfig, RestartKey
+from troupe.sched.rules import RULES
+from troupe.sched.verdicts import NO_SLOT, STOPPING
+
+
+def test_every_rule_runs_once_per_settle_in_one_order() -> None:
+    names = [rule.__name__ for rule in RULES]
+    assert len(set(names)) == len(names)
+    assert names.index("Waiters") < names.index("DirectLoads") < names.index("Evictions")
+    assert names.index("StopDrained") < names.index("Evictions")  # its waiters counted
+
+
+def test_a_release_on_a_loaded_model_with_nobody_waiting_runs_no_rule() -> None:
+    b = Bench(models_max=2)
+    b.bring_up("a")
+    lease = b.lease("a")
+    ran = b.core.settler.rules_run
+    assert b.release(lease) == []
+    again = b.rid()
+    grant_of(b.acquire(again, "a"), again)
+    b.release(again)
+    assert b.core.settler.rules_run == ran
+
+
+def test_the_last_release_of_a_drained_model_still_stops_it() -> None:
+    b = Bench(models_max=1, drain_after=3.0)
+    b.bring_up("a")
+    lease = b.lease("a")
+    wb = b.rid()
+    assert b.acquire(wb, "b") == []
+    assert b.view("b").wait_reason == NO_SLOT
+    deadline = b.core.next_deadline()
+    assert deadline is not None
+    b.on_time(deadline)
+    assert b.view("b").wait_reason == "waiting for a to finish its requests (swapped out for it)"
+    (stop,) = stops(b.release(lease))
+    assert stop.model == "a"
+
+
+def test_reasons_are_the_deciding_rules_own() -> None:
+    b = Bench(models_max=1)
+    b.bring_up("a")
+    wb, wc = b.rid(), b.rid()
+    assert [s.model for s in stops(b.acquire(wb, "b"))] == ["a"]  # evicted for b
+    b.acquire(wc, "c")
+    assert b.view("b").wait_reason == STOPPING
+    assert b.view("c").wait_reason == "in line behind b"
+    b.exited("a")
+    assert b.view("b").wait_reason == "loading"
+    assert b.view("c").wait_reason == NO_SLOT  # b holds the only slot, still loading
+    b.spawned("b")
+    b.ready("b")
+    assert b.view("b").wait_reason is None  # served: nobody waits for it
+
+
+def test_a_request_waits_for_a_reload_and_says_so() -> None:
+    b = Bench([ModelConfig("a", restart_key=RestartKey("1")), ModelConfig("b")], models_max=2)
+    b.bring_up("a")
+    b.core.reload(
+        b.rid(), [ModelConfig("a", restart_key=RestartKey("2")), ModelConfig("b")], b.tick()
+    )
+    wb = b.rid()
+    assert b.acquire(wb, "b") == []
+    assert b.view("b").wait_reason == "waiting for a reload to finish"
