@@ -8,7 +8,7 @@ so a 200 KB chat of them is a few hundred tokens, served by the real engine.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -64,8 +64,9 @@ async def cluster(
     haproxy_path: Path,
     maxconn: int = 8,
     tag_var: str | None = None,
+    extra: Sequence[str] = (),
 ) -> AsyncIterator[ClusterStack]:
-    args = ["--models-max", "2", "--ctx-size", str(CTX)]
+    args = ["--models-max", "2", "--ctx-size", str(CTX), *extra]
     async with open_cluster(
         tmp_path / "cluster",
         catalogues,

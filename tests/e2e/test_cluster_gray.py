@@ -1,0 +1,70 @@
+"""A gray failure behind real HAProxy: a node that hangs (SIGSTOP) instead of dying.
+
+Three ``troupe serve`` nodes with the real engine, a cluster secret and
+``--cluster-timeout 1``. While tiny-b's home is stopped, nothing waits on it past the
+timeouts: a request another node forwards to it goes on to the next node once its
+health check goes unanswered, and the balancer takes it out (``timeout check``) and
+routes tiny-b to its next node. Continued, the home serves again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from troupe_rig.cluster_sdk import chat, cluster, write_catalogues
+
+BOUND = 30.0  # seconds: far past the timeouts (1 s checks of the node, 2 s of HAProxy)
+
+
+@pytest.fixture
+def catalogues(tmp_path: Path) -> list[Path]:
+    return write_catalogues(tmp_path)
+
+
+async def test_a_stopped_home_hangs_no_request_and_serves_again_once_continued(
+    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+) -> None:
+    extra = ["--cluster-timeout", "1"]
+    async with cluster(tmp_path, catalogues, haproxy_path, extra=extra) as stack:
+        home, successor = stack.order("tiny-b")[:2]
+        forwarder = next(n for n in stack.nodes if n is not home)
+        node, text = await trio.to_thread.run_sync(chat, stack.url, "tiny-b")
+        assert (node, bool(text)) == (home.name, True)
+        assert home.process is not None
+        pid = home.process.process.pid
+        body = {"model": "tiny-b", "prompt": "hello", "max_tokens": 4}
+        async with httpx.AsyncClient(timeout=BOUND) as http:
+            # The forwarder's view of its peers is fresh from this one (forwarded home),
+            # so the next is forwarded home at once, not after a refresh that times out.
+            resp = await http.post(forwarder.url + "/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            # A client of another node: that node forwards tiny-b to its (hung) home,
+            # finds the home's health check unanswered, and goes on to the next node
+            # (itself, or the successor), since no byte had reached the client.
+            with trio.fail_after(BOUND):
+                async with httpx.AsyncClient(timeout=BOUND) as http:
+                    resp = await http.post(forwarder.url + "/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["choices"][0]["text"] is not None
+
+            # The balancer takes the home out and sends tiny-b to its next node.
+            await stack.wait_status(home.name, "DOWN", within=BOUND)
+            with trio.fail_after(BOUND):
+                node, text = await trio.to_thread.run_sync(chat, stack.url, "tiny-b")
+            assert (node, bool(text)) == (successor.name, True)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+        # Continued: its health check passes, and its model returns to it.
+        await stack.wait_status(home.name, "UP", within=BOUND)
+        with trio.fail_after(BOUND):
+            node, text = await trio.to_thread.run_sync(chat, stack.url, "tiny-b")
+        assert (node, bool(text)) == (home.name, True)
