@@ -8,10 +8,15 @@ a hash, highest first. Homes are then bounded: taking the models in the order of
 own hash, each gets the first node of its ranking that is home to fewer than its share
 (``ceil(models / nodes)``), so six models on three nodes are two on each rather than
 whatever the hash gives (three on one node with ``--models-max 2`` would swap). The home
-comes first in a model's order, the rest of its ranking after it: where it spills under
-load and fails over to. Adding a node moves mostly the models it now scores highest for;
-nothing depends on the order the nodes are listed in, so two lists with the same members
-give the same placement.
+comes first in a model's order. Second choices are bounded the same way: the models
+homed on one node get their second node spread over the others (each takes at most
+``ceil(k / (nodes - 1))`` of that node's ``k``), so when a node dies no survivor takes
+more than its share plus one of the models (before, all of a node's models could share
+one second choice: that node swapped a dozen times in seconds while another took none).
+The rest of the ranking comes after: where a model spills under load and fails over
+to. Adding a node moves mostly the models it now scores highest for; nothing depends
+on the order the nodes are listed in, so two lists with the same members give the same
+placement.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ class Placement:
     def __init__(self, nodes: Sequence[NodeFacts]) -> None:
         self.nodes = tuple(nodes)
         self._homes = _bounded_homes(self.nodes)
+        self._seconds = _bounded_seconds(self.nodes, self._homes)
 
     def canonical(self, name: str) -> str | None:
         """The model ``name`` means on the first node (in list order) that knows it."""
@@ -99,7 +105,11 @@ class Placement:
             return []
         ranked = rank(model, [n.url for n in self.nodes if model in n.models])
         home = self._homes.get(model)
-        return [home, *(u for u in ranked if u != home)] if home else ranked
+        if not home:
+            return ranked
+        second = self._seconds.get(model)
+        first = [home, second] if second else [home]
+        return [*first, *(u for u in ranked if u not in first)]
 
     def homes(self) -> dict[str, str]:
         """Each model -> its home node."""
@@ -132,3 +142,25 @@ def _bounded_homes(nodes: Sequence[NodeFacts]) -> dict[str, str]:
         homes[model] = home
         count[home] += 1
     return homes
+
+
+def _bounded_seconds(nodes: Sequence[NodeFacts], homes: Mapping[str, str]) -> dict[str, str]:
+    """Each model -> its second node: a node's models spread over the other nodes."""
+    seconds: dict[str, str] = {}
+    by_home: dict[str, list[str]] = {}
+    for model, home in homes.items():
+        by_home.setdefault(home, []).append(model)
+    others = len(nodes) - 1
+    for home, models in by_home.items():
+        if others < 1:
+            break
+        bound = math.ceil(len(models) / others)
+        count: dict[str, int] = {}
+        for model in sorted(models, key=lambda m: (_score(home, m), m)):
+            ranked = rank(model, [n.url for n in nodes if model in n.models and n.url != home])
+            if not ranked:
+                continue
+            second = next((u for u in ranked if count.get(u, 0) < bound), ranked[0])
+            seconds[model] = second
+            count[second] = count.get(second, 0) + 1
+    return seconds

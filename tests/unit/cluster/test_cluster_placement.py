@@ -86,3 +86,20 @@ def test_homes_are_shared_out_evenly_and_come_first() -> None:
     # The same members listed in another order: the same homes.
     again = Placement([node_facts(u, _doc(*models)) for u in reversed(urls)])
     assert again.homes() == homes
+
+
+@pytest.mark.parametrize(("nodes", "count"), [(3, 3), (3, 6), (4, 8), (4, 12), (5, 7)])
+def test_a_dead_nodes_models_are_spread_over_the_others(nodes: int, count: int) -> None:
+    # Each model fails over to the second node of its order: whichever node dies, no
+    # survivor ends up with more than its share plus one of the models.
+    urls = [f"http://n{i}:8080" for i in range(1, nodes + 1)]
+    models = [f"model-{i}" for i in range(count)]
+    placement = Placement([node_facts(u, _doc(*models)) for u in urls])
+    share = -(-count // nodes)
+    for dead in urls:
+        served = {u: 0 for u in urls if u != dead}
+        for model in models:
+            order = placement.order(model)
+            served[next(u for u in order if u != dead)] += 1
+            assert sorted(order) == urls
+        assert max(served.values()) <= share + 1, (dead, served)
