@@ -224,6 +224,7 @@ class ChildLauncher:
             cpus=cpu.cpus if cpu is not None else None,
             before_stop=save_slots if kv is not None else None,
             before_stop_seconds=kv.save_seconds if kv is not None else 10.0,
+            model_file=entry.model_path,
         )
 
     def measure_command(self, model: str) -> tuple[list[str], dict[str, str]]:

@@ -29,6 +29,13 @@ def test_unknown_flag_is_one_line_and_exit_2(fake_engine_path: Path) -> None:
     assert done.returncode == 2
 
 
+def test_a_misspelt_flag_gets_the_closest_one(fake_engine_path: Path) -> None:
+    done = run_troupe("serve", "--engine", str(fake_engine_path), "--modles-max", "2")
+    assert_one_line_error(done, "unknown flag '--modles-max' (did you mean --models-max?)")
+    done = run_troupe("serve", "--engine", str(fake_engine_path), "--ctx-sise", "2")
+    assert_one_line_error(done, "(did you mean --ctx-size?)")
+
+
 def test_flag_without_value(fake_engine_path: Path) -> None:
     done = run_troupe("serve", "--engine", str(fake_engine_path), "--models-max")
     assert_one_line_error(done, "'--models-max' needs a value")
@@ -62,7 +69,9 @@ def test_missing_models_dir(fake_engine_path: Path, tmp_path: Path) -> None:
     done = run_troupe(
         "serve", "--engine", str(fake_engine_path), "--models-dir", str(tmp_path / "nope")
     )
-    assert_one_line_error(done, "does not exist or is not a directory")
+    assert_one_line_error(
+        done, f"--models-dir '{tmp_path / 'nope'}': does not exist or is not a directory"
+    )
 
 
 def test_missing_preset(fake_engine_path: Path, tmp_path: Path) -> None:

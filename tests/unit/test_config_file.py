@@ -79,12 +79,14 @@ def test_command_line_beats_environment_beats_file(table: OptionTable, tmp_path:
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ("[server]\nport = 'eighty'\n", "@ config.server.port"),
-        ("[server]\nprot = 1\n", "extra fields found (prot) @ config.server"),
-        ("[modles]\n", "extra fields found (modles) @ config"),
+        ("[server]\nport = 'eighty'\n", 'server.port: expected an integer, got "eighty"'),
+        ('[models]\nmax = "x"\n', 'troupe.toml: models.max: expected an integer, got "x"'),
+        ("[models]\nautoload = 1\n", "models.autoload: expected true or false, got 1"),
+        ("[server]\nprot = 1\n", "troupe.toml: server: unknown key prot"),
+        ("[modles]\n", "troupe.toml: unknown key modles"),
         ("[child]\nno-such-option = 1\n", "[child] option 'no-such-option'"),
         ("[server\n", "not valid TOML"),
-        ("[server]\nhost = 3\n", "config.server.host"),
+        ("[server]\nhost = 3\n", "server.host: expected a string or an array of strings, got 3"),
     ],
 )
 def test_mistakes_name_the_key(

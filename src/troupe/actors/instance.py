@@ -54,6 +54,9 @@ class LaunchSpec:
     # generation): bounded by before_stop_seconds, then the stop goes on whatever happened.
     before_stop: Callable[[int], Awaitable[None]] | None = None
     before_stop_seconds: float = 10.0
+    # The model's file: a failed load says "no such file" when it is missing (the
+    # engine's own line about it is rarely among the last it prints).
+    model_file: Path | None = None
 
 
 def _describe_exit(returncode: int) -> str:
@@ -175,6 +178,9 @@ class Instance:
                 f"load timed out: no progress for {self.spec.load_timeout:g} s "
                 f"(--load-timeout), {how}"
             )
+        missing = self.spec.model_file
+        if missing is not None and not self._stop.is_set() and not missing.exists():
+            detail += f"; model file {missing}: no such file"
         if returncode < 0 and (advice := describe_exit_signal(-returncode)):
             detail += f" ({advice})"
         if self.failure is not None:

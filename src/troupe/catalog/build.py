@@ -271,12 +271,25 @@ def build_catalog(
             model_path=model_path,
             mmproj_path=mmproj_path,
         )
+        if model_path is not None and not model_path.exists():
+            # Upstream starts such a model and fails its first load; say so at start.
+            where = f"preset section [{name}]" if source[name] == "preset" else f"model {name}"
+            warnings.append(
+                f"{where}: model file {model_path}: no such file "
+                "(its requests fail until it exists)"
+            )
         if probe is not None:
             try:
                 entry = attrs.evolve(entry, architecture=probe(entry))
             except Exception:  # upstream: any failure leaves text in, text out
                 entry = attrs.evolve(entry, architecture=Architecture())
         entries.append(entry)
+    if not entries:
+        # Not an error: upstream's router starts with no models too (a download may add one).
+        warnings.append(
+            "no models: give --models-dir DIR or --models-preset FILE, or download one "
+            "(troupe pull org/repo, POST /models); serving an empty catalogue"
+        )
     catalog = Catalog(tuple(entries), cwd, tuple(warnings), forced)
     if not reload:
         check_startup(catalog, settings.models_max)

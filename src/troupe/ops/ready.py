@@ -18,11 +18,13 @@ def ready_line(s: RouterSettings, names: Sequence[str], urls: Sequence[str]) -> 
     margin = "off" if s.memory_margin_bytes is None else f"{s.memory_margin_bytes >> 20} MiB"
     first = urls[0].rstrip("/") + s.api_prefix if urls else ""
     parts = [
-        f"ready: {len(names)} models ({shown})" if names else "ready: no models",
+        f"ready: {len(names)} model{'s' if len(names) > 1 else ''} ({shown})"
+        if names
+        else "ready: no models",
         f"models-max {s.models_max or 'unlimited'}",
         f"memory margin {margin}",
         f"queue-max {s.queue_max or 'unlimited'}",
-        "api key required" if s.api_keys else "no api key",
+        "api key required" if s.api_keys or s.tenants_file else "no api key",
         "listening on " + " ".join(urls),
         f"dashboard {first}/troupe/, metrics {first}/metrics",
     ]

@@ -9,17 +9,30 @@ out first by the caller.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 
 from troupe.errors import UsageError
 from troupe.settings.options import EngineOption, OptionTable
+from troupe.settings.table import SETTINGS
 
-__all__ = ["normalise_flag", "parse_engine_args"]
+__all__ = ["did_you_mean", "normalise_flag", "parse_engine_args"]
 
 
 def normalise_flag(word: str) -> str:
     """llama.cpp accepts ``--ctx_size`` for ``--ctx-size``."""
     return word.replace("_", "-") if word.startswith("--") else word
+
+
+def did_you_mean(word: str, table: OptionTable) -> str:
+    """`` (did you mean --models-max?)`` for a misspelt long flag, else ``""``: the
+    closest of the engine's and troupe's own spellings."""
+    if not word.startswith("--"):
+        return ""
+    known = {s for o in table for s in (*o.spellings, *o.negatives) if s.startswith("--")}
+    known |= {s for st in SETTINGS for s in (*st.spellings, *st.negatives)}
+    close = difflib.get_close_matches(normalise_flag(word).split("=", 1)[0], known, n=1, cutoff=0.8)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def parse_engine_args(args: Sequence[str], table: OptionTable) -> dict[EngineOption, str]:
@@ -31,9 +44,8 @@ def parse_engine_args(args: Sequence[str], table: OptionTable) -> dict[EngineOpt
         found = table.by_spelling(normalise_flag(word))
         if found is None:
             if word.startswith("-"):
-                raise UsageError(
-                    f"unknown flag '{word}' (troupe serve --help lists troupe's flags)"
-                )
+                hint = did_you_mean(word, table) or " (troupe serve --help lists troupe's flags)"
+                raise UsageError(f"unknown flag '{word}'{hint}")
             raise UsageError(
                 f"unexpected argument '{word}': llama-server takes no positional argument"
             )

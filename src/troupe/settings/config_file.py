@@ -13,6 +13,7 @@ mistake names the key's path and what was expected::
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from types import UnionType
@@ -20,6 +21,7 @@ from typing import Any, cast
 
 import attrs
 import cattrs
+from cattrs.v import format_exception
 
 from troupe.errors import ConfigError
 from troupe.settings.options import EngineOption, OptionTable
@@ -88,36 +90,102 @@ def _given(parsed: object) -> RouterConfig:
     return RouterConfig(values, child)
 
 
+class _Expected(TypeError):
+    """A value of the wrong type, with what was expected and what came (the whole message)."""
+
+
+def _shown(value: object) -> str:
+    """A TOML value as its file spells it, for an error message."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return repr(value)
+
+
+def _expected(what: str, value: object) -> _Expected:
+    return _Expected(f"expected {what}, got {_shown(value)}")
+
+
+def _format(exc: BaseException, kind: type | None) -> str:
+    if isinstance(exc, _Expected):
+        return str(exc)
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        extra = sorted(exc.extra_fields)
+        return f"unknown key{'s' if len(extra) > 1 else ''} {', '.join(extra)}"
+    return format_exception(exc, kind)
+
+
 def _converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
 
     def scalar(value: Any, _: type) -> Scalar:
         if isinstance(value, bool | int | float | str):
             return value
-        raise TypeError(f"expected a string, number or boolean, got {type(value).__name__}")
+        raise _expected("a string, number or boolean", value)
 
     conv.register_structure_hook(Scalar, scalar)
+
+    def integer(value: Any, _: type) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _expected("an integer", value)
+
+    def number(value: Any, _: type) -> float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise _expected("a number", value)
+
+    def string(value: Any, _: type) -> str:
+        if isinstance(value, str):
+            return value
+        raise _expected("a string", value)
+
+    def boolean(value: Any, _: type) -> bool:
+        if isinstance(value, bool):
+            return value
+        raise _expected("true or false", value)
+
+    def strings(value: Any, _: type) -> list[str]:
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value
+        raise _expected("an array of strings", value)
+
+    for kind, hook in (
+        (int, integer),
+        (float, number),
+        (str, string),
+        (bool, boolean),
+        (list[str], strings),
+    ):
+        # A predicate: functools' dispatch takes no list[str].
+        conv.register_structure_hook_func(lambda t, k=kind: t in (k, _optional(k)), hook)
 
     def host(value: Any, _: type) -> str | list[str] | None:
         if isinstance(value, str) or (
             isinstance(value, list) and all(isinstance(v, str) for v in value)
         ):
             return value
-        raise TypeError("expected a string or a list of strings")
+        raise _expected("a string or an array of strings", value)
 
     conv.register_structure_hook(str | list[str] | None, host)
+    conv.register_structure_hook(list[str] | str | None, host)
 
     def int_or_text(value: Any, _: type) -> int | str | None:
         if isinstance(value, int | str) and not isinstance(value, bool):
             return value
-        raise TypeError('expected a number of MiB or "off"')
+        raise _expected('a number of MiB or "off"', value)
 
     conv.register_structure_hook(int | str | None, int_or_text)
 
     def seconds_or_off(value: Any, _: type) -> float | str | None:
         if isinstance(value, int | float | str) and not isinstance(value, bool):
             return value
-        raise TypeError('expected a number of seconds or "off"')
+        raise _expected('a number of seconds or "off"', value)
 
     conv.register_structure_hook(float | str | None, seconds_or_off)
     return conv
@@ -133,8 +201,13 @@ def load_config(path: Path) -> RouterConfig:
     try:
         parsed: object = _converter().structure(raw, _FILE)
     except cattrs.BaseValidationError as exc:
-        problems = "; ".join(cattrs.transform_error(exc, path="config"))
-        raise ConfigError(f"config file {path}: {problems}") from None
+        # cattrs says "MESSAGE @ config.models.max": the key first, as a person reads it.
+        problems = []
+        for line in cattrs.transform_error(exc, path="config", format_exception=_format):
+            message, _, where = line.rpartition(" @ ")
+            where = where.removeprefix("config").removeprefix(".")
+            problems.append(f"{where}: {message}" if where else message)
+        raise ConfigError(f"{path}: {'; '.join(problems)}") from None
     return _given(parsed)
 
 

@@ -405,3 +405,23 @@ def test_restart_on_reload(build: BuildFn) -> None:
     after = build(ini="[a]\nctx-size = 1\nalias = y\n[b]\nctx-size = 2\n", reload=True)
     decisions = {e.name: restart_on_reload(e, after.get(e.name)) for e in before}
     assert decisions == {"a": False, "b": True, "c": True}
+
+
+def test_a_preset_whose_model_file_is_missing_is_warned_about_at_start(
+    tmp_path: Path, build: BuildFn
+) -> None:
+    touch(tmp_path / "m", "here.gguf")
+    gone = tmp_path / "m" / "gone.gguf"
+    cat = build(ini=f"[here]\nmodel = {tmp_path / 'm' / 'here.gguf'}\n[gone]\nmodel = {gone}\n")
+    assert [e.name for e in cat] == ["gone", "here"]  # served: upstream fails its first load
+    assert cat.warnings == (
+        f"preset section [gone]: model file {gone}: no such file "
+        "(its requests fail until it exists)",
+    )
+
+
+def test_an_empty_catalogue_starts_with_a_warning_as_upstream(build: BuildFn) -> None:
+    cat = build()
+    assert len(cat) == 0
+    (warning,) = cat.warnings
+    assert warning.startswith("no models: give --models-dir DIR or --models-preset FILE")
