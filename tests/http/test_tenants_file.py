@@ -75,7 +75,7 @@ async def test_a_model_the_key_may_not_use_is_unknown_and_unlisted(
         assert ids((await http.get("/models", headers=auth("alice"))).json()) == ["a"]
         assert ids((await http.get("/v1/models", headers=auth("ops"))).json()) == ["a", "b"]
         tags = (await http.get("/api/tags", headers=auth("alice"))).json()
-        assert [m["name"] for m in tags["models"]] == ["a"]
+        assert [m["name"] for m in tags["models"]] == ["a:latest"]
 
         # The OpenAI routes: b answers as a name that is not there.
         for path, body in (
@@ -101,7 +101,7 @@ async def test_a_model_the_key_may_not_use_is_unknown_and_unlisted(
         await router.wait_for_status("b", Status.LOADED)
         assert (await http.get("/api/ps", headers=auth("alice"))).json() == {"models": []}
         ps = (await http.get("/api/ps", headers=auth("ops"))).json()
-        assert [m["name"] for m in ps["models"]] == ["b"]
+        assert [m["name"] for m in ps["models"]] == ["b:latest"]
         assert ids((await http.get("/models", headers=auth("alice"))).json()) == ["a"]
 
 
@@ -237,7 +237,7 @@ async def test_reload_takes_a_new_file_without_closing_a_connection_or_a_stream(
         assert resp.status_code == 400
         message = resp.json()["error"]["message"]
         assert message.startswith("the model catalogue was reloaded; the tenants file was kept")
-        assert f"{bad}: line 20: tenant \"carol\": unknown key 'modles'" in message
+        assert f"{bad}: line 18: tenant \"carol\": unknown key 'modles'" in message
         assert KEYS["carol"] not in resp.text
         assert (await http.get("/v1/models", headers=auth("carol"))).status_code == 200
         assert ids((await http.get("/v1/models", headers=auth("alice"))).json()) == ["a", "b"]
