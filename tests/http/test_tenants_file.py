@@ -118,6 +118,7 @@ async def test_admin_actions_need_admin(fake_router: RouterFactory, tmp_path: Pa
             await http.delete("/models", params={"model": "a"}, headers=alice),
             await http.post("/models/reload", headers=alice),
             await http.get("/models", params={"reload": "1"}, headers=alice),
+            await http.get("/logs/stream", params={"no-history": "1"}, headers=alice),
         ]
         for resp in refused:
             assert resp.status_code == 403, resp.request.url

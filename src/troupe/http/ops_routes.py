@@ -39,7 +39,12 @@ def _sse(data: object, event: str | None = None) -> bytes:
 async def logs_stream(router: Router, ex: Exchange) -> None:
     """A model's log as SSE: its recent lines first, then each new one. Without
     ``?model=``, every model's. ``?lines=N`` limits the history, ``?no-history``
-    (llama-swap) skips it."""
+    (llama-swap) skips it. With a tenants file, an admin's only: children's logs speak
+    of every tenant's requests."""
+    if not router.tenants.current.may_admin(ex.request.key_name):
+        message = "this API key may not read the models' logs: it needs a tenant with admin = true"
+        await send_error(ex, message, "permission_error")
+        return
     params = ex.params
     name = params.get("model", "")
     model: str | None = None
