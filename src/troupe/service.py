@@ -130,6 +130,20 @@ def _kill_children(scheduler: Scheduler) -> None:
             kill_group(inst.pid)
 
 
+class SchedulerCopies:
+    """The scheduler as the cluster's give-back of copies sees it (`Cluster.give_back`)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    def loaded(self) -> list[str]:
+        models = self._scheduler.snapshot.models
+        return [name for name, m in models.items() if m.status.is_running and not m.stopping]
+
+    async def keep_alive(self, model: str, seconds: float) -> None:
+        await self._scheduler.keep_alive(model, None, seconds)
+
+
 async def serve_router(
     router: Router, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
 ) -> None:
@@ -145,6 +159,9 @@ async def serve_router(
         nursery.start_soon(router.history.run, router.scheduler, router.metrics)
         if router.cluster is not None:
             nursery.start_soon(router.cluster.run)  # the peers' /models, kept fresh
+            # Copies made by failover or spill go back once their home is up again.
+            copies = SchedulerCopies(router.scheduler)
+            nursery.start_soon(router.cluster.give_back, copies, router.settings.cluster_copy_ttl)
         router.ready = True  # upstream: ready right after binding, before startup loads
         for url in urls:
             # Always shown, whatever the log level: with --port 0 it is how to find the port.

@@ -4,7 +4,8 @@ Three ``troupe serve`` nodes with the real engine, a cluster secret and
 ``--cluster-timeout 1``. While tiny-b's home is stopped, nothing waits on it past the
 timeouts: a request another node forwards to it goes on to the next node once its
 health check goes unanswered, and the balancer takes it out (``timeout check``) and
-routes tiny-b to its next node. Continued, the home serves again.
+routes tiny-b to its next node. Continued, the home serves again, and the copy its
+successor made is given back once idle (``--cluster-copy-ttl``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def catalogues(tmp_path: Path) -> list[Path]:
 async def test_a_stopped_home_hangs_no_request_and_serves_again_once_continued(
     tmp_path: Path, catalogues: list[Path], haproxy_path: Path
 ) -> None:
-    extra = ["--cluster-timeout", "1"]
+    extra = ["--cluster-timeout", "1", "--cluster-copy-ttl", "1"]
     async with cluster(tmp_path, catalogues, haproxy_path, extra=extra) as stack:
         home, successor = stack.order("tiny-b")[:2]
         forwarder = next(n for n in stack.nodes if n is not home)
@@ -68,3 +69,10 @@ async def test_a_stopped_home_hangs_no_request_and_serves_again_once_continued(
         with trio.fail_after(BOUND):
             node, text = await trio.to_thread.run_sync(chat, stack.url, "tiny-b")
         assert (node, bool(text)) == (home.name, True)
+
+        # The copy the successor made while the home was out is given back once idle
+        # (--cluster-copy-ttl), now that the home is up; the home keeps its own.
+        with trio.fail_after(BOUND):
+            while successor.name in await stack.loaded_on("tiny-b"):  # noqa: ASYNC110
+                await trio.sleep(0.2)  # no event says so from outside the node
+        assert home.name in await stack.loaded_on("tiny-b")

@@ -21,8 +21,8 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import trio
@@ -40,7 +40,7 @@ from troupe.proxy.upstream import (
     render_request,
 )
 
-__all__ = ["FORWARDED", "Cluster", "Hung", "Peer"]
+__all__ = ["COPY_TTL", "FORWARDED", "Cluster", "Copies", "Hung", "Peer"]
 
 log = logging.getLogger("troupe.cluster")
 
@@ -52,6 +52,18 @@ FETCH_WITHIN = 2.0  # a peer that does not answer /models in this long is skippe
 DOWN_FOR = 5.0  # a peer that refused a connection is not tried again for this long
 CONNECT_WITHIN = 3.0
 UNLISTED = "unlisted"  # the name of a node that has not found itself in the list
+COPY_TTL = 300.0  # seconds idle before a copy made by failover or spill is given back
+COPIES_EVERY = 10.0  # seconds between looks at this node's copies
+
+
+class Copies(Protocol):
+    """This node's scheduler, as the give-back of copies needs it."""
+
+    def loaded(self) -> Iterable[str]:
+        """The models loaded here now."""
+
+    async def keep_alive(self, model: str, seconds: float) -> None:
+        """Unload ``model``'s running child after ``seconds`` idle."""
 
 
 class Hung(UpstreamError):
@@ -187,6 +199,34 @@ class Cluster:
             if not await peer.answers_health(self.health_within):
                 peer.down_until = trio.current_time() + DOWN_FOR
                 return
+
+    async def give_back(self, copies: Copies, ttl: float = COPY_TTL) -> None:
+        """Copies made by failover or spill are given back: a model loaded here whose
+        home is another node, up and answering, gets a keep-alive of ``ttl`` seconds
+        (the scheduler unloads it once idle that long; a request meanwhile keeps it).
+        While its home is down the copy stays as the preset says. Runs beside the HTTP
+        server; one look every `COPIES_EVERY` seconds (the peers' lists, fresh)."""
+        given: set[str] = set()
+        while True:
+            await trio.sleep(min(COPIES_EVERY, ttl))
+            docs = await self.docs(fresh=True)
+            placement = await self.placement()
+            loaded = set(copies.loaded())
+            given &= loaded  # a copy unloaded and loaded again is a new copy
+            for model in sorted(loaded - given):
+                order = placement.order(model)
+                if self.self_url is None or not order or order[0] == self.self_url:
+                    continue
+                home = order[0]
+                if home in docs and not self.peer(home).down:
+                    log.info(
+                        "model %s: a copy (home %s is up): given back after %gs idle",
+                        model,
+                        home,
+                        ttl,
+                    )
+                    await copies.keep_alive(model, ttl)
+                    given.add(model)
 
     # ----- the peers' /models -------------------------------------------------------------
 

@@ -585,6 +585,14 @@ CLUSTER_TIMEOUT = Setting(
     )),
     Toml("troupe", "cluster_timeout", float), own=True,
 )  # fmt: skip
+CLUSTER_COPY_TTL = Setting(
+    ("--cluster-copy-ttl",), "SECONDS", "TROUPE_CLUSTER_COPY_TTL", "300", _seconds,
+    Help(_OWN, (
+        "a copy of a model made here by failover or spill is unloaded",
+        "after this long idle once its home node is up (default: 300)",
+    )),
+    Toml("troupe", "cluster_copy_ttl", float), own=True,
+)  # fmt: skip
 MODELS_MEMORY_MARGIN = Setting(
     ("--models-memory-margin",), "MIB", "TROUPE_MODELS_MEMORY_MARGIN", "1024", _margin,
     Help(_OWN, ("keep this much free on every device (default: 1024; off)",)),
@@ -711,6 +719,7 @@ SETTINGS: tuple[Setting[object], ...] = (
     CLUSTER_NODES,
     CLUSTER_SECRET_FILE,
     CLUSTER_TIMEOUT,
+    CLUSTER_COPY_TTL,
     MODELS_MEMORY_MARGIN,
     MAX_BODY_MIB,
     WS_MAX_MESSAGE_MIB,
