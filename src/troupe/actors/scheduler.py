@@ -113,6 +113,7 @@ class Scheduler:
             downloads, self._catalogue, self._replies, send, lambda: next(self._ids)
         )
         self._nursery: trio.Nursery | None = None
+        self._wait: trio.CancelScope | None = None  # the loop's wait for a message
         self._snapshot = core.snapshot()
         self._stale = False  # the core changed since _snapshot was built
         self._watchers: list[tuple[Callable[[Snapshot], bool], trio.Event]] = []
@@ -247,7 +248,7 @@ class Scheduler:
         try:
             result = await recv.receive()
         except BaseException:
-            await self.release(rid)
+            await self._release_queued(rid)  # (its Acquire may not be read yet)
             raise
         if not isinstance(result, Grant):
             assert isinstance(result, Failure)
@@ -255,8 +256,25 @@ class Scheduler:
         return rid, result
 
     async def release(self, rid: int) -> None:
+        wait = self._wait
+        if wait is None:  # the loop is not running
+            await self._release_queued(rid)
+            return
+        # The hot path, as acquire's: released right here, after its grant (so its
+        # Acquire was read), without a trip through the inbox: the core changed in the
+        # caller's task with no await in between, and nothing to shield. A release can
+        # make a model idle (a TTL to wait for): the loop's wait is moved up to it.
+        now = trio.current_time()
+        self._replies.drop(rid)
+        self._effects.apply(self._core.release(rid, now), now)
+        self._publish()
+        deadline = self._core.next_deadline()
+        if deadline is not None and deadline < wait.deadline:
+            wait.deadline = deadline
+
+    async def _release_queued(self, rid: int) -> None:
         # Shielded: a cancelled request must still give back what it holds. Through the
-        # inbox: a release can make a model idle, which the loop's TTL wait must see.
+        # inbox: behind the request's own Acquire, if that was not read yet.
         with trio.CancelScope(shield=True):
             await self._send.send(Release(rid))
 
@@ -278,7 +296,7 @@ class Scheduler:
         try:
             await recv.receive()
         except BaseException:
-            await self.release(rid)  # no longer waited for; the unload goes on
+            await self._release_queued(rid)  # no longer waited for; the unload goes on
             raise
 
     async def load(self, model: str) -> None:
@@ -337,8 +355,10 @@ class Scheduler:
             while True:
                 deadline = self._core.next_deadline()
                 message: Message | None = None
-                with trio.move_on_at(math.inf if deadline is None else deadline):
+                with trio.move_on_at(math.inf if deadline is None else deadline) as wait:
+                    self._wait = wait
                     message = await self._recv.receive()
+                self._wait = None
                 now = trio.current_time()
                 if message is None:
                     effects = self._core.on_time(now)
