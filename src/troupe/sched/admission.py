@@ -16,7 +16,6 @@ import attrs
 
 from troupe.sched.effects import SampleMemory
 from troupe.sched.memory import MemoryLedger, MemorySample
-from troupe.sched.status import Status
 from troupe.sched.table import ModelState
 
 __all__ = ["TRUE_UP_DELAY", "Admit", "Evict", "MemoryAdmission", "Verdict", "Wait"]
@@ -93,7 +92,7 @@ class MemoryAdmission:
             self._true_up_due = None  # this reading trues up every model up by then
         for m in models:
             used = sample.footprint.get(m.pid) if m.pid else None
-            if used and m.status is Status.LOADED and not m.stopping:
+            if used and m.child_loaded:
                 self.ledger.true_up(m.name, used)
 
     def could_not_read(self, version: int) -> None:

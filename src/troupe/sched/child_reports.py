@@ -58,7 +58,7 @@ class ChildReports:
         """A ``cmd_child_to_router:state:`` line; an unknown state is ignored."""
         m = self._table.current(model, gen)
         reported = _REPORTED.get(state)
-        if m is None or reported is None or not m.status.is_running or m.spawn_pending:
+        if m is None or reported is None or not m.is_running or m.spawn_pending:
             return False
         m.reported = reported
         m.exit_code = 0
@@ -109,8 +109,8 @@ class ChildReports:
         m = self._table.current(model, gen)
         if m is None or not m.is_running:
             return False
-        was_running = m.status.is_running
-        was_loading = m.status is Status.LOADING
+        was_running = m.announced
+        was_loading = m.child_loading
         was_stopping = m.stopping
         entry = self._queue.find(model)
         if entry is not None and entry.loading:
@@ -184,6 +184,6 @@ class ChildReports:
 def _replanned(o: ModelState) -> bool:
     if o.phase is Phase.REPLANNING:
         return True
-    if o.replanned and o.status is Status.LOADING and not o.in_flight:
+    if o.replanned and o.child_loading and not o.in_flight:
         return True  # started again on its narrower lane, nobody's request on it
     return o.stopping and o.last_stop is not None and o.last_stop.reason is StopReason.REPLAN

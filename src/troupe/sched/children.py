@@ -143,7 +143,7 @@ class Children:
         self._out.emit(StopRequested(m.name, cause))
         self.free_cpus(m)  # an exiting child computes nothing: its lane is free
         # A model still loading has no request to finish: it is killed at once.
-        kill = m.status is Status.LOADING or m.spawn_pending
+        kill = m.child_loading or m.spawn_pending
         m.move(Phase.ABORTING if m.spawn_pending else Phase.STOPPING)
         save = cause.reason.saves_slots and not kill
         self._out.add(Stop(m.name, m.gen, kill=kill, cause=cause, save_slots=save))

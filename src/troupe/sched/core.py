@@ -38,7 +38,6 @@ from troupe.sched.reloads import CatalogueChanges
 from troupe.sched.requests import DirectLoad, Requests, Waiter
 from troupe.sched.settle import FAKE_TIMING_DELAY, Limits, Settler
 from troupe.sched.shutdown import Shutdown, queue_full
-from troupe.sched.status import Status
 from troupe.sched.table import ModelConfig, ModelTable, Snapshot
 from troupe.sched.views import QueueReporter, model_views
 
@@ -165,7 +164,7 @@ class SchedulerCore:
         elif m is None:
             out.reply(rid, Failure.server_error(f"model name={model} is not found"))
         elif ready_only:
-            if m.status is Status.LOADED and not m.stopping:
+            if m.child_loaded:
                 self.settler.grant(rid, m, update_last_used, now, waited=False)
             else:
                 out.reply(rid, Failure.not_found(f"model name={model} is not loaded"))
@@ -191,7 +190,7 @@ class SchedulerCore:
                 record_demand(m, now)
             w = Waiter(model, update_last_used, since=now)
             self.requests.waiters[rid] = w
-            if m.status is Status.UNLOADED:
+            if not m.announced:
                 # The queue entry protects the model from eviction until its waiters leave.
                 self.queue.join(model)
                 w.queued = True
@@ -204,7 +203,7 @@ class SchedulerCore:
         `acquire` answers with it; a door that must refuse before it takes the client on
         (a WebSocket before its upgrade) asks here, changing nothing."""
         m = self.table.known(model)
-        if m is None or not m.status.is_running:
+        if m is None or not m.announced:
             return Failure.bad_request("model is not loaded")
         return None
 
@@ -214,10 +213,10 @@ class SchedulerCore:
         if self.requests.closed or m is None:
             return False
         if ready_only:
-            return m.status is Status.LOADED and not m.stopping
+            return m.child_loaded
         if autoload:
             return m.phase.serves
-        return m.status.is_running and not m.spawn_pending
+        return m.is_running and not m.spawn_pending
 
     def release(self, rid: int, now: float) -> list[Effect]:
         """A request is done with its lease, or gave up waiting (disconnect, timeout)."""
@@ -297,7 +296,7 @@ class SchedulerCore:
         out = self.outbox
         if m is None:
             out.reply(rid, Failure.bad_request("model is not found"))
-        elif not m.status.is_running:
+        elif not m.announced:
             if m.phase in (Phase.RETRYING, Phase.REPLANNING):
                 m.move(at_rest(m))  # the second start is called off; its waiters fail
                 self._settle(now)

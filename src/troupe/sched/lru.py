@@ -46,7 +46,7 @@ def record_demand(m: ModelState, now: float, amount: float = 1.0) -> None:
 
 
 def _evictable(m: ModelState, busy: bool) -> bool:
-    if bool(m.in_flight) != busy or not m.status.is_ready_or_sleeping or m.spawn_pending:
+    if bool(m.in_flight) != busy or not m.phase.serves:
         return False
     return not (m.stopping or m.draining_for is not None or m.pin)
 

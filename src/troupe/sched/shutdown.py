@@ -12,7 +12,6 @@ from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.requests import Requests
 from troupe.sched.settle import Limits
-from troupe.sched.status import Status
 from troupe.sched.table import ModelTable
 
 __all__ = ["DEFAULT_LOAD_SECONDS", "Shutdown", "queue_full"]
@@ -46,7 +45,7 @@ class Shutdown:
         for m in list(self._table):
             if m.phase in (Phase.RETRYING, Phase.REPLANNING):
                 m.move(at_rest(m))
-            if m.status is Status.LOADING or m.spawn_pending:
+            if m.child_loading or m.spawn_pending:
                 self._children.stop(m, _SHUTDOWN, now)
         self._measure_no_more()
 

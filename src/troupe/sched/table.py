@@ -116,8 +116,42 @@ class ModelState:
 
     @property
     def status(self) -> Status:
-        """llama.cpp's status, as readers see it."""
+        """llama.cpp's status, as readers see it (`troupe.sched.views`; the core decides
+        on the phase, never on this)."""
         return self.phase.shows(self.reported)
+
+    # What the core decides on: the phase, and only where the phase does not say what the
+    # current child is doing (it drains, stops, or is killed before it started) what that
+    # child last reported.
+
+    @property
+    def announced(self) -> bool:
+        """A child runs and troupe has said it is loading (at the spawn; a delayed spawn
+        once its process started): upstream counts the model as running."""
+        phase = self.phase
+        if phase is Phase.DELAYED or not phase.is_running:
+            return False
+        return phase is not Phase.ABORTING or self.reported is not Status.UNLOADED
+
+    @property
+    def child_loading(self) -> bool:
+        """Its child is still loading the model (it has no request to finish)."""
+        phase = self.phase
+        if phase is Phase.STARTING or phase is Phase.LOADING:
+            return True
+        return phase in _HIDING and self.reported is Status.LOADING
+
+    @property
+    def child_loaded(self) -> bool:
+        """Its child has the model loaded and awake, and is not told to stop (it may drain)."""
+        phase = self.phase
+        return phase is Phase.LOADED or (phase is Phase.DRAINING and self.reported is Status.LOADED)
+
+    @property
+    def asleep(self) -> bool:
+        """Its child sleeps (its memory given back)."""
+        phase = self.phase
+        return phase is Phase.SLEEPING or (phase in _HIDING and self.reported is Status.SLEEPING)
 
     @property
     def is_running(self) -> bool:
@@ -148,6 +182,10 @@ class ModelState:
     @property
     def failed(self) -> bool:
         return not self.is_running and self.exit_code != 0
+
+
+# Phases in which the current child's own state is what it last reported.
+_HIDING = frozenset({Phase.DRAINING, Phase.STOPPING, Phase.ABORTING})
 
 
 class ModelTable:
@@ -224,11 +262,7 @@ class ModelTable:
 
     def memory_holders(self) -> dict[str, int]:
         """Models holding memory now (running and not asleep) -> pid (0: not started)."""
-        return {
-            name: m.pid
-            for name, m in self.models.items()
-            if m.is_running and m.status is not Status.SLEEPING
-        }
+        return {name: m.pid for name, m in self.models.items() if m.is_running and not m.asleep}
 
     def pids(self) -> tuple[int, ...]:
         """The processes of the children running now, for a memory reading."""
