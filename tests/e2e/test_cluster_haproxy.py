@@ -100,24 +100,24 @@ async def test_each_model_on_its_node_long_bodies_streams_realtime_and_the_union
         # With "model" after 200 KB of messages (other clients' order), HAProxy cannot
         # read it and sends it to any node: made to land on each in turn, the home serves
         # it, any other forwards it once to the home. Served by the home's child either
-        # way; no other node loads the model.
+        # way (X-Troupe-Node names the node that served it); no other node loads it.
         routed = await stack.routed("tiny-b")
         for node in stack.nodes:
             async with stack.landing_on(node):
                 landed, text, prompt = await trio.to_thread.run_sync(
                     partial(long_chat, stack.url, "tiny-b", FILLER, model_last=True)
                 )
-            assert (landed, bool(text)) == (node.name, True)
+            assert (landed, bool(text)) == (home_b.name, True)
             assert 100 < prompt < 1000
             assert await stack.loaded_on("tiny-b") == [home_b.name]
         assert await stack.routed("tiny-b") == routed  # none by its model
 
         # Straight to a node that is not tiny-a's home: forwarded there.
         home, other = stack.order("tiny-a")[0], stack.order("tiny-a")[1]
-        _, text, _ = await trio.to_thread.run_sync(
+        served, text, _ = await trio.to_thread.run_sync(
             partial(long_chat, other.url, "tiny-a", FILLER, model_last=True)
         )
-        assert text
+        assert (served, bool(text)) == (home.name, True)
         assert await stack.loaded_on("tiny-a") == [home.name]
         _, text = await trio.to_thread.run_sync(chat, other.url, "tiny-a")
         assert text

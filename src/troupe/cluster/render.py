@@ -31,9 +31,16 @@ import attrs
 
 from troupe.cluster.placement import Placement
 
-__all__ = ["RenderOptions", "backend_name", "render_haproxy", "server_names"]
+__all__ = ["NODE_HEADER", "RenderOptions", "backend_name", "render_haproxy", "server_names"]
 
 _IDENT = re.compile(r"[^A-Za-z0-9_.:-]")
+NODE_HEADER = b"X-Troupe-Node"  # the node that served a request (set by the forwarding node)
+# The balancer names the node it sent a request to, unless that node forwarded it on
+# and named the node that served it.
+_NAME_NODE = (
+    "    http-response set-header X-Troupe-Node %[srv_name]"
+    " unless { res.hdr(x-troupe-node) -m found }"
+)
 
 
 @attrs.frozen
@@ -148,7 +155,7 @@ def render_haproxy(
         "",
         "backend troupe_any",
         "    balance leastconn",
-        "    http-response set-header X-Troupe-Node %[srv_name]",
+        _NAME_NODE,
     ]
     lines += [f"    server {names[u]} {_address(u)} check" for u in urls]
     down = _json_error("this node is down", "unavailable_error", 503)
@@ -157,7 +164,7 @@ def render_haproxy(
             "",
             f"backend node_{name}  # ?node={name}: that node, answering itself",
             f"    http-request set-header x-troupe-forwarded {_quoted(options.mark)}",
-            "    http-response set-header X-Troupe-Node %[srv_name]",
+            _NAME_NODE,
             f"    http-error status 503 {down}",
             f"    server {name} {_address(url)} track troupe_any/{name}",
         ]
@@ -167,7 +174,7 @@ def render_haproxy(
             f"backend {backend}  # {model}",
             "    balance first",
             f"    http-request set-header x-troupe-forwarded {_quoted(options.mark)}",
-            "    http-response set-header X-Troupe-Node %[srv_name]",
+            _NAME_NODE,
         ]
         for rank, url in enumerate(order, 1):
             server = names.get(url)

@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 from troupe.cluster import FORWARDED, Cluster
+from troupe.cluster.render import NODE_HEADER, server_names
 from troupe.cluster.view import Hung, Peer
 from troupe.http.errors import error_body
 from troupe.http.server.exchange import Exchange
@@ -90,6 +91,10 @@ async def _relay_answer(
         await ex.until_client_leaves(relay)
         return
     hung_peer = peer
+    # The node that served it, by its server name (the balancer keeps this header and
+    # names the node it sent the request to only where no node did).
+    served_by = server_names(cluster.nodes.urls()).get(peer.url, peer.url)
+    upstream.headers.append((NODE_HEADER, served_by.encode("latin-1")))
 
     async def watched() -> None:
         # The node may hang half-way through its answer: cut the relay when it stops
