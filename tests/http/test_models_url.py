@@ -38,3 +38,27 @@ async def test_url_alone_lists_the_routers_models(
     # The size on disk, the figure troupe doctor shows too.
     assert rows["m-one"]["size_bytes"] == size
     assert rows["m-one"]["need_source"] in ("engine", "estimate")
+
+
+async def test_without_url_it_asks_the_default_router_as_ps_does(
+    engine_path: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No catalogue flags and no --url: the router at $TROUPE_URL (else 127.0.0.1:8080), as
+    `troupe ps`; a URL typed without its scheme (host:port) is http://host:port."""
+    models = tmp_path / "models"
+    write_tiny_models(models, ["m-one"])
+    async with open_router(
+        ["--models-dir", str(models)], engine=engine_path, state_dir=tmp_path / "s"
+    ) as router:
+        bare = router.url.removeprefix("http://")
+        monkeypatch.setenv("TROUPE_URL", bare)
+        code = await trio.to_thread.run_sync(run_models, ["--json"])
+        assert code == 0
+        assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["m-one"]
+        monkeypatch.delenv("TROUPE_URL")
+        code = await trio.to_thread.run_sync(run_models, ["--url", bare, "--json"])
+        assert code == 0
+        assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["m-one"]

@@ -125,6 +125,9 @@ async def test_api_key(fake_router: RouterFactory) -> None:
             resp.content
             == b'{"error":{"message":"Invalid API Key","type":"authentication_error","code":401}}'
         )
+        ollama = await http.get("/api/tags")  # Ollama's API: Ollama's error shape
+        assert ollama.status_code == 401
+        assert ollama.json() == {"error": "Invalid API Key"}
         assert (
             await http.get("/models", headers={"Authorization": "Bearer k2"})
         ).status_code == 200
@@ -145,6 +148,10 @@ async def test_cors_and_preflight(fake_router: RouterFactory) -> None:
     async with fake_router({"a": {}}) as router, router.client() as http:
         resp = await http.get("/health", headers={"Origin": "http://localhost:5173"})
         assert resp.headers["access-control-allow-origin"] == "http://localhost:5173"
+        # No Origin (curl, SDKs): no header at all, not llama-server's empty echo.
+        for path in ("/health", "/v1/models", "/api/tags"):
+            resp = await http.get(path)
+            assert "access-control-allow-origin" not in resp.headers, path
         resp = await http.options("/v1/chat/completions", headers={"Origin": "http://[::1]:3000"})
         assert resp.status_code == 200
         assert resp.content == b""

@@ -440,6 +440,7 @@ async def test_the_api_key_guards_the_ollama_routes(real_router: RouterFactory) 
         with pytest.raises(ollama.ResponseError) as err:
             await client(router).list()
         assert err.value.status_code == 401
+        assert err.value.error == "Invalid API Key"  # Ollama's shape: the client shows it
         keyed = client(router, headers={"Authorization": "Bearer sekret"})
         answer = await keyed.generate(model="tiny", prompt="hi", options={"num_predict": 2})
         assert answer.done

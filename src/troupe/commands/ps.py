@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from troupe.commands.table import print_table
+from troupe.commands.urls import default_url, router_url
 from troupe.errors import TroupeError, UsageError
 from troupe.hardware.feasibility import format_bytes
 
@@ -28,7 +29,7 @@ _SHOWN = ("loading", "loaded", "sleeping")
 
 
 def _parse(args: list[str]) -> tuple[str, str | None, bool]:
-    url = os.environ.get("TROUPE_URL", "http://127.0.0.1:8080")
+    url = default_url()
     key = os.environ.get("LLAMA_API_KEY") or None
     as_json = False
     it = iter(args)
@@ -38,7 +39,7 @@ def _parse(args: list[str]) -> tuple[str, str | None, bool]:
             if value is None:
                 raise UsageError(f"flag '{arg}' needs a value")
             if arg == "--url":
-                url = value
+                url = router_url(value)
             else:
                 key = value.split(",")[0]
         elif arg == "--json":

@@ -35,6 +35,28 @@ from troupe.errors import TroupeError, UsageError
 __all__ = ["Progress", "run_pull"]
 
 USAGE = "usage: troupe pull [--hf-token TOKEN] [--state-dir PATH] [--no-mmproj] org/repo[:TAG]"
+PULL_HELP = f"""\
+{USAGE}
+
+Downloads a model from Hugging Face into its cache (where `troupe serve` finds
+it, as llama.cpp does): the GGUF file for TAG (a quantisation such as Q4_K_M;
+default: the repository's best), its split parts, and the repository's mmproj
+when it has one. Size and sha256 are checked before the model is listed. A
+pull cut short (Ctrl-C, a dropped connection) resumes where it stopped next
+time.
+
+  org/repo[:TAG]      the repository, and the file's tag
+  --hf-token TOKEN    for gated or private repositories (default: $HF_TOKEN)
+  --state-dir PATH    where the resume journal lives (default: troupe's state
+                      directory, as `troupe serve --state-dir`)
+  --no-mmproj         leave the multimodal projector out
+
+The cache is $LLAMA_CACHE, else $HF_HUB_CACHE, else $HF_HOME/hub, else
+~/.cache/huggingface/hub; the hub is $MODEL_ENDPOINT or $HF_ENDPOINT, else
+https://huggingface.co.
+
+example:
+  troupe pull ggml-org/gemma-3-270m-it-GGUF:Q8_0"""
 PLAIN_EVERY = 2.0
 INTERRUPTED = 130
 
@@ -141,7 +163,7 @@ def _parse(args: Sequence[str]) -> tuple[str, str | None, Path | None, bool]:
 
 def run_pull(args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
-        print(USAGE)
+        print(PULL_HELP)
         return 0
     name, token, state, mmproj = _parse(args)
     state_dir = state or default_state_dir()

@@ -40,8 +40,9 @@ def origin_is_localhost(origin: str) -> bool:
 def allow_origin_headers(settings: RouterSettings, origin: str | None) -> list[tuple[bytes, bytes]]:
     """``Access-Control-Allow-Origin`` for every response."""
     if settings.cors_credentials and settings.cors_origins == "*":
-        # Echo the Origin (even an empty one) so credentialed requests from any origin work.
-        return [(b"access-control-allow-origin", (origin or "").encode("latin-1"))]
+        # Echo the Origin so credentialed requests from any origin work; none without one
+        # (llama-server echoes an empty value, which is no valid header).
+        return [(b"access-control-allow-origin", origin.encode("latin-1"))] if origin else []
     if settings.cors_origins == "localhost":
         if origin and origin_is_localhost(origin):
             return [(b"access-control-allow-origin", origin.encode("latin-1"))]

@@ -49,6 +49,8 @@ _BAD_HOST = middleware_error_body(
 )
 _REFUSE_LOADING = Refusal(503, _LOADING)
 _REFUSE_KEY = Refusal(401, _UNAUTHORIZED)
+# Ollama's shape on its API: its clients show the "error" string, not a raw dict.
+_REFUSE_KEY_OLLAMA = Refusal(401, dumps({"error": "Invalid API Key"}))
 _REFUSE_MARK = Refusal(
     401,
     middleware_error_body(
@@ -102,14 +104,11 @@ class Front:
         settings = self.router.settings
         if self._echo_origin:
             origin = request.header(b"origin")
-            if not self._origins.allows(origin, request.authority):
-                return _SERVER  # refused: its page gets nothing to read
-            return (
-                _SERVER
-                + b"Access-Control-Allow-Origin: "
-                + (origin or "").encode("latin-1")
-                + b"\r\n"
-            )
+            if not origin or not self._origins.allows(origin, request.authority):
+                # Refused: its page gets nothing to read. No Origin (curl, SDKs): no page
+                # to tell, and an empty header (llama-server's echo) is not a valid one.
+                return _SERVER
+            return _SERVER + b"Access-Control-Allow-Origin: " + origin.encode("latin-1") + b"\r\n"
         if settings.cors_origins == "localhost":
             extra = cors.allow_origin_headers(settings, request.header(b"origin"))
             return _SERVER + b"".join(b"%b: %b\r\n" % (k.title(), v) for k, v in extra)
@@ -152,7 +151,7 @@ class Front:
         name = self._key_name(request, route)
         if name is None:
             log.warning("unauthorized: Invalid API Key")
-            return _REFUSE_KEY
+            return _REFUSE_KEY_OLLAMA if (route or "").startswith("/api/") else _REFUSE_KEY
         request.key_name = name
         if not self._mark_trusted(request):
             log.warning("refused a forward mark that does not verify (x-troupe-forwarded)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from types import UnionType
 from typing import Any, cast
@@ -120,6 +121,11 @@ def _format(exc: BaseException, kind: type | None) -> str:
     return format_exception(exc, kind)
 
 
+def _is(kind: Any) -> Callable[[Any], bool]:
+    """Whether a field's type is ``kind`` or ``kind | None``."""
+    return lambda t: t in (kind, _optional(kind))
+
+
 def _converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
 
@@ -163,7 +169,7 @@ def _converter() -> cattrs.Converter:
         (list[str], strings),
     ):
         # A predicate: functools' dispatch takes no list[str].
-        conv.register_structure_hook_func(lambda t, k=kind: t in (k, _optional(k)), hook)
+        conv.register_structure_hook_func(_is(kind), hook)
 
     def host(value: Any, _: type) -> str | list[str] | None:
         if isinstance(value, str) or (
