@@ -17,7 +17,7 @@ from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.table import ModelState, ModelTable
-from troupe.sched.verdicts import NO_SLOT, STOPPING, GateVerdict, Load, Wait
+from troupe.sched.verdicts import NO_LANE, NO_SLOT, STOPPING, GateVerdict, Load, Wait
 
 __all__ = ["LoadGate"]
 
@@ -59,12 +59,12 @@ class LoadGate:
             if isinstance(fits, Wait):
                 return fits
         elif not self._starts_beside_leaving(m):
-            return self._wait(m, NO_SLOT)
+            return self.wait(m, NO_SLOT)
         if self.placement.admits(m, now):
             return Load()
-        return self._wait(m, "waiting for a CPU lane")
+        return self.wait(m, NO_LANE)
 
-    def _wait(self, m: ModelState, otherwise: str) -> Wait:
+    def wait(self, m: ModelState, otherwise: str) -> Wait:
         """Wait, for what frees room first: a model drained for ``m``, any stop."""
         table = self._table
         draining = next((o.name for o in table if o.draining_for == m.name), None)
@@ -117,7 +117,7 @@ class LoadGate:
             # Measured first (the engine's projection takes a fraction of a second;
             # a failure or a timeout falls back to the estimate).
             projections.bump(name)
-            return self._wait(m, "waiting for memory: its need is being measured")
+            return self.wait(m, "waiting for memory: its need is being measured")
         table = self._table
         verdict, read = memory.verdict(
             name,
@@ -135,4 +135,4 @@ class LoadGate:
             if verdict.warning is not None:
                 self._out.emit(MemoryWarning(name, verdict.warning))
             return Load()
-        return self._wait(m, "waiting for memory")
+        return self.wait(m, "waiting for memory")

@@ -83,12 +83,20 @@ class ModelState:
     # A request's keep_alive (the Ollama API) for child ``gen``: (gen, idle seconds),
     # inf for "keep it loaded". Only that child's: the next one starts with its config.
     keep_alive: tuple[int, float] | None = None
+    # Its table's count of models per phase (`ModelTable.in_phase`), kept by `move`.
+    tally: dict[Phase, int] | None = attrs.field(default=None, eq=False, repr=False)
 
     def move(self, phase: Phase) -> None:
         """The one way a phase changes; a move the lifecycle does not list raises."""
-        if phase is not self.phase and phase not in TRANSITIONS[self.phase]:
-            raise IllegalTransition(self.config.name, self.phase, phase)
+        old = self.phase
+        if phase is old:
+            return
+        if phase not in TRANSITIONS[old]:
+            raise IllegalTransition(self.config.name, old, phase)
         self.phase = phase
+        if self.tally is not None:
+            self.tally[old] -= 1
+            self.tally[phase] += 1
 
     @property
     def name(self) -> str:
@@ -192,7 +200,11 @@ class ModelTable:
     """Every model the scheduler knows, by name; generations that never repeat."""
 
     def __init__(self, configs: Iterable[ModelConfig]) -> None:
-        self.models: dict[str, ModelState] = {c.name: ModelState(c) for c in configs}
+        self.models: dict[str, ModelState] = {}
+        # How many models are in each phase: a settle rule asks whether any is, cheaply.
+        self._tally: dict[Phase, int] = dict.fromkeys(Phase, 0)
+        for c in configs:
+            self.add(c)
         # A model's generations never repeat, also across a removal and a re-add by a
         # reload: a stale lease or event from an old child must never match a new one.
         self._last_gen: dict[str, int] = {}
@@ -220,12 +232,19 @@ class ModelTable:
         return m if m is not None and m.gen == gen else None
 
     def add(self, config: ModelConfig) -> ModelState:
-        m = self.models[config.name] = ModelState(config)
+        self._forget(self.models.get(config.name))
+        m = self.models[config.name] = ModelState(config, tally=self._tally)
+        self._tally[m.phase] += 1
         return m
 
     def drop(self, name: str) -> None:
-        self.models.pop(name, None)
+        self._forget(self.models.pop(name, None))
         self._retiring.discard(name)
+
+    def _forget(self, m: ModelState | None) -> None:
+        if m is not None:
+            self._tally[m.phase] -= 1
+            m.tally = None
 
     def retire(self, name: str) -> None:
         self._retiring.add(name)
@@ -255,7 +274,7 @@ class ModelTable:
 
     def in_phase(self, phase: Phase) -> bool:
         """Is any model in ``phase``?"""
-        return any(m.phase is phase for m in self.models.values())
+        return self._tally[phase] > 0
 
     def any_stopping(self) -> bool:
         return any(m.stopping for m in self.models.values())
@@ -304,6 +323,7 @@ class ModelView:
     cpu_request: CpuRequest | None = None  # or what its own flags say
     idle_since: float = 0.0  # when its last request finished (Trio time; TTL counts from here)
     restarting: bool = False  # started again on a narrower CPU lane (ModelState.restarting)
+    slots: int | None = None  # requests its child serves at once (its --parallel)
 
     @property
     def api_status(self) -> Status:

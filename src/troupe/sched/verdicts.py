@@ -15,6 +15,7 @@ from troupe.sched.effects import Failure
 
 __all__ = [
     "LOADING",
+    "NO_LANE",
     "NO_SLOT",
     "STOPPING",
     "GateVerdict",
@@ -29,6 +30,7 @@ __all__ = [
 LOADING = "loading"
 STOPPING = "waiting for a model to stop"
 NO_SLOT = "waiting for a slot: every loaded model is busy or pinned"
+NO_LANE = "waiting for a CPU lane"
 
 
 @attrs.frozen

@@ -4,6 +4,8 @@ that decided it recorded the reason on the queue entry (`QueueEntry.reason`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from troupe.sched.admission import MemoryAdmission
 from troupe.sched.events import QueueChanged
 from troupe.sched.memory import PerDevice
@@ -23,6 +25,8 @@ class QueueReporter:
         self._seen: dict[str, tuple[int, int, str]] = {}
 
     def report(self, queue: AdmissionQueue, out: Outbox) -> None:
+        if not queue.entries and not self._seen:
+            return  # nobody waits, nor did: nothing to say (a release on a loaded model)
         seen = {e.model: (e.waiters, i + 1, e.reason) for i, e in enumerate(queue.entries)}
         for model in sorted(seen.keys() | self._seen.keys()):
             state = seen.get(model)
@@ -37,6 +41,7 @@ def model_views(
     queue: AdmissionQueue,
     memory: MemoryAdmission | None,
     projections: Projections | None,
+    slots: Mapping[str, int] | None = None,
 ) -> dict[str, ModelView]:
     waiting = {e.model: e.waiters for e in queue.entries}
     reasons = {e.model: e.reason for e in queue.entries}
@@ -64,6 +69,7 @@ def model_views(
             ttl=m.ttl,
             idle_since=m.idle_since,
             restarting=m.restarting,
+            slots=slots.get(name) if slots is not None else None,
             phase=m.phase,
             wait_reason=reasons.get(name),
             draining_for=m.draining_for,
