@@ -38,6 +38,7 @@ from troupe.kvstore.store import private_dir
 from troupe.launcher import ChildLauncher
 from troupe.ops.access import RequestLog
 from troupe.ops.history import History
+from troupe.ops.load_log import LoadLog
 from troupe.ops.logs import ModelLogs
 from troupe.ops.metrics import RouterMetrics
 from troupe.proxy.relay import Relay
@@ -211,6 +212,7 @@ def build_router(
     accounts = Accounts.load(tenants, state_dir / USAGE_FILE)
     requests.add_listener(accounts.on_record)  # settles reservations, counts usage
     scheduler.add_listener(logs.on_event)
+    scheduler.add_listener(LoadLog(trio.current_time).on_event)  # "ready in N s" and why
     return Router(
         settings=settings,
         engine=engine,

@@ -1,10 +1,10 @@
 """``troupe ps``: what a running router has loaded (like ``ollama ps``).
 
-One row per model with a child (loading, loaded, sleeping or stopping): its port and
-pid, the memory it holds (what was seen, else the need admission counts, with where that
-figure comes from), requests in flight and queued, how long it has been up and since
-its last request. Asks ``GET /models`` of ``--url`` (default: ``$TROUPE_URL``, else
-http://127.0.0.1:8080).
+One row per model with a child (loading, with the load's percentage; loaded, sleeping
+or stopping): its port and pid, the memory it holds (what was seen, else the need
+admission counts, with where that figure comes from), requests in flight and queued,
+how long it has been up and since its last request. Asks ``GET /models`` of ``--url``
+(default: ``$TROUPE_URL``, else http://127.0.0.1:8080).
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def ps_rows(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "name": item["id"],
                 "status": "stopping" if extra.get("stopping") else value,
+                "percent": extra.get("load_percent") if value == "loading" else None,
                 "port": extra.get("port"),
                 "pid": extra.get("pid"),
                 "memory_bytes": memory,
@@ -123,7 +124,7 @@ def run_ps(args: list[str]) -> int:
     table = [
         (
             r["name"],
-            r["status"],
+            r["status"] if r["percent"] is None else f"{r['status']} {r['percent']}%",
             str(r["port"] or "-"),
             str(r["pid"] or "-"),
             f"{format_bytes(r['memory_bytes'])} ({r['memory_source']})"

@@ -10,6 +10,7 @@ from troupe.catalog import ModelEntry
 from troupe.catalog.facts import facts_json, file_bytes
 from troupe.hardware.cpus import format_cpus
 from troupe.hardware.feasibility import feasibility
+from troupe.ops.load_log import load_percent
 from troupe.router import Router
 from troupe.sched import ModelView, Snapshot, Status
 from troupe.sched.downloads import DownloadView
@@ -63,6 +64,8 @@ def _extras(view: ModelView | None, now: float) -> dict[str, Any]:
         "ttl": view.ttl,
         "phase": view.phase.value,
         "cpu": _cpu(view),
+        # The engine's staged progress as one percentage, while it loads (troupe ps).
+        "load_percent": load_percent(view.progress) if view.status is Status.LOADING else None,
     }
 
 

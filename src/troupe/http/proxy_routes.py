@@ -16,6 +16,7 @@ from troupe.http.body_model import BadBody, model_from_body
 from troupe.http.cluster_forward import forward_elsewhere, stream_elsewhere
 from troupe.http.errors import error_body
 from troupe.http.keys import tenant_of
+from troupe.http.loading import SSE_FIELDS, AfterHead, Style, heralded, progress_style
 from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
 from troupe.kvstore import cached_held, tokens_held
@@ -84,7 +85,12 @@ async def _serve(
             await send_failure(ex, failure)
             return
 
+        style = progress_style(ctx, ex, held.model)
+
         async def work() -> None:
+            if style is not None:  # a streamed completion that waits for a load
+                await _relay_after_load(ctx, ex, held, report, style)
+                return
             try:
                 async with held:
                     if held.rate_fields:  # a tenant with limits: x-ratelimit-* on the answer
@@ -98,7 +104,32 @@ async def _serve(
         access.finish(ctx, ex, rec, started, report, client_left=gone)
 
 
-async def _relay(ctx: Router, ex: Exchange, held: Lease, report: RelayReport) -> None:
+async def _relay_after_load(
+    ctx: Router, ex: Exchange, held: Lease, report: RelayReport, style: Style
+) -> None:
+    """The head at once and the load's progress while the lease waits, then the child's
+    stream in the same response; a refusal after the head ends it with an error event
+    (`troupe.http.loading`)."""
+    async with heralded(ctx, ex, held.model, SSE_FIELDS, style) as herald:
+        try:
+            async with held:
+                await herald.settle()
+                if not ex.started:
+                    await _relay(ctx, ex, held, report)
+                    return
+                report.first_byte = herald.first_byte
+                client = AfterHead(ex)
+                try:
+                    await _relay(ctx, client, held, report)
+                    await client.finish()
+                finally:
+                    report.bytes_out += herald.sent
+        except ModelUnavailable as exc:  # (the lease set the record's error)
+            await herald.settle()
+            await herald.fail(exc.failure)
+
+
+async def _relay(ctx: Router, ex: Exchange | AfterHead, held: Lease, report: RelayReport) -> None:
     grant = held.grant
     kv = ctx.kv if ex.method == "POST" else None  # the KV store steers POST bodies
     if kv is not None and kv.refuses(grant.model, ex.path):

@@ -21,6 +21,7 @@ from troupe.actors.scheduler import ModelUnavailable
 from troupe.api import dumps
 from troupe.catalog import ModelEntry
 from troupe.http.access import begin, finish
+from troupe.http.loading import Herald
 from troupe.http.respond import retry_after
 from troupe.http.server.exchange import Exchange
 from troupe.lease import Lease, autoload_flag
@@ -56,6 +57,11 @@ NDJSON = b"Content-Type: " + NDJSON_TYPE + b"\r\n"
 async def send_error(
     ex: Exchange, status: int, message: str, failure: Failure | None = None
 ) -> None:
+    if ex.started:  # a stream whose head went out while its model loaded: Ollama's error line
+        line = dumps({"error": message}) + b"\n"
+        ex.sent += len(line)
+        await ex.send(ex.chunk(line) + ex.last_chunk)
+        return
     headers = retry_after(failure) if failure is not None else []
     await ex.respond(status, dumps({"error": message}), headers=headers)
 
@@ -126,11 +132,13 @@ async def lease(
     keep_alive: float | None,
     work: Leased,
     tokens: Callable[[AccessRecord], None] | None = None,
+    herald: Herald | None = None,
 ) -> None:
     """Hold ``entry``'s child for ``work``, exactly as a proxied OpenAI request does
     (`troupe.lease.Lease`); refusals are Ollama's errors with the scheduler's status.
     The request gets its access record like a proxied one (``tokens`` adds what the
-    answer counted)."""
+    answer counted). ``herald``: the early head of a stream that waits for a load
+    (`troupe.http.loading`), stopped before anything else is written."""
     rec, began = begin(ctx, ex)
     rec.model, rec.catalogued = entry.name, True
     left = False
@@ -146,8 +154,12 @@ async def lease(
             async with held:
                 if held.rate_fields:  # a tenant with limits: x-ratelimit-* on the answer
                     ex.base += held.rate_fields
+                if herald is not None:
+                    await herald.settle()
                 await work(held.grant, held.waited)
         except ModelUnavailable as exc:  # (the lease set the record's error)
+            if herald is not None:
+                await herald.settle()
             failure = exc.failure
             await send_error(ex, failure.status, failure.message, failure)
     except trio.Cancelled:

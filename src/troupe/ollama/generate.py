@@ -21,6 +21,7 @@ import trio
 from troupe.api import dumps
 from troupe.catalog import ModelEntry
 from troupe.http.keys import tenant_of
+from troupe.http.loading import heralded, waits_for_load
 from troupe.http.server.exchange import Exchange
 from troupe.kvstore import Hold
 from troupe.ollama.answers import Answer, created_at, error_message
@@ -104,7 +105,12 @@ async def _answer(
             await _relay(ctx, ex, grant, child.target, body, answer, stream)
             hold.tokens, hold.cached = answer.slot_tokens, answer.slot_cached
 
-    await lease(ctx, ex, entry, keep_alive, work, tokens)
+    if not stream or not waits_for_load(ctx, entry.name):
+        await lease(ctx, ex, entry, keep_alive, work, tokens)
+        return
+    # Only the head while the model loads: every NDJSON line is a chunk of the answer.
+    async with heralded(ctx, ex, entry.name, NDJSON, "head") as herald:
+        await lease(ctx, ex, entry, keep_alive, work, tokens, herald)
 
 
 @asynccontextmanager
@@ -165,7 +171,8 @@ def _as_started(entry: ModelEntry, option: str, value: Any) -> bool:
 
 
 async def _stream(ex: Exchange, upstream: UpstreamResponse, answer: Answer) -> None:
-    await ex.send(ex.head(200, NDJSON, length=None))
+    if not ex.started:  # (else it went out while the model loaded)
+        await ex.send(ex.head(200, NDJSON, length=None))
     try:
         await _relay_events(ex, upstream, answer)
     except trio.Cancelled:
