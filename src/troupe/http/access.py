@@ -52,6 +52,9 @@ def begin(ctx: Router, ex: Exchange, conversation: str = "") -> tuple[AccessReco
         conversation=conversation or None,
         tenant=tenant_of(ctx.tenants.current, ex.request.key_name),
     )
+    if ex.method == "GET":  # a read of a child's state (GET /slots polls): not model traffic
+        rec.kind = "local"
+    ctx.requests.opened(rec)  # listed as in flight until it ends
     return rec, trio.current_time()
 
 
@@ -77,11 +80,14 @@ def finish(
         tail = report.tail
         if tail:
             read_usage(tail, rec)
+        if rec.completion_tokens is None and report.tokens:
+            rec.completion_tokens = report.tokens  # a cut stream: the tokens it was sent
         rec.error = rec.error or report.error
     elif ex.started:
         rec.status = ex.status
         rec.bytes_out = ex.sent
-    if client_left:
+    whole = report is not None and report.whole
+    if client_left and not whole:  # (one that left after the whole answer did not)
         if not ex.started:
             rec.status = CLIENT_CLOSED
         rec.error = rec.error or "the client went away"

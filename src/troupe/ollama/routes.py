@@ -2,11 +2,13 @@
 
 Exact (method, path) entries only, so an OpenAI route's lookup stays the one dict
 lookup it was. Handlers that wait (on the scheduler, a child, the hub) are `watched`:
-a client that goes away cancels them.
+a client that goes away cancels them. The router's own answers get an access record
+of kind "local" (`recorded`); a generation's is its lease's (kind "proxied").
 """
 
 from __future__ import annotations
 
+from troupe.http.access import recorded
 from troupe.http.respond import watched
 from troupe.http.routing import Handler, Under
 from troupe.ollama import generate, models
@@ -23,21 +25,21 @@ _COPY = "troupe cannot copy models: give the model an alias in its preset instea
 _BLOBS = "troupe has no blob store: put GGUF files in its models directory"
 
 OLLAMA_ROUTES: list[tuple[tuple[str, str], Handler]] = [
-    (("GET", "/"), models.root),
-    (("HEAD", "/"), models.root),
-    (("GET", "/api/version"), models.version),
-    (("GET", "/api/tags"), models.tags),
-    (("GET", "/api/ps"), models.ps),
-    (("POST", "/api/show"), models.show),
+    (("GET", "/"), recorded(models.root)),
+    (("HEAD", "/"), recorded(models.root)),
+    (("GET", "/api/version"), recorded(models.version)),
+    (("GET", "/api/tags"), recorded(models.tags)),
+    (("GET", "/api/ps"), recorded(models.ps)),
+    (("POST", "/api/show"), recorded(models.show)),
     (("POST", "/api/chat"), watched(generate.chat)),
     (("POST", "/api/generate"), watched(generate.generate)),
     (("POST", "/api/embed"), watched(generate.embed)),
     (("POST", "/api/embeddings"), watched(generate.embeddings)),
-    (("POST", "/api/pull"), watched(models.pull)),
-    (("DELETE", "/api/delete"), watched(models.delete)),
-    (("POST", "/api/create"), models.unsupported(_CREATE)),
-    (("POST", "/api/push"), models.unsupported(_PUSH)),
-    (("POST", "/api/copy"), models.unsupported(_COPY)),
+    (("POST", "/api/pull"), recorded(watched(models.pull))),
+    (("DELETE", "/api/delete"), recorded(watched(models.delete))),
+    (("POST", "/api/create"), recorded(models.unsupported(_CREATE))),
+    (("POST", "/api/push"), recorded(models.unsupported(_PUSH))),
+    (("POST", "/api/copy"), recorded(models.unsupported(_COPY))),
 ]
 OLLAMA_UNDER = [
     Under("HEAD", "/api/blobs/", models.unsupported(_BLOBS), segment=True),

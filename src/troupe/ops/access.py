@@ -82,6 +82,7 @@ class AccessRecord:
     # Whose it is: the name of its API key when several keys are configured, else "";
     # with several keys, a tenant's /troupe/requests shows only its own records.
     tenant: str = ""
+    in_flight: bool = False  # begun, not ended yet (GET /troupe/requests shows it too)
 
     def to_json(self) -> dict[str, Any]:
         # attrgetter reads every field in one C call (attrs.asdict: 4x slower).
@@ -168,12 +169,25 @@ class RequestLog:
         self._wake = trio.Event()
         self._direct_key: tuple[int, int, int] | None = None
         self._direct_fn: LineFormat | None = None
+        self._open: dict[int, AccessRecord] = {}  # begun and not ended, by id
+
+    def opened(self, rec: AccessRecord) -> None:
+        """A request began: listed (``in_flight``) until `record` ends it."""
+        rec.in_flight = True
+        self._open[id(rec)] = rec
 
     def add_listener(self, listener: Callable[[AccessRecord], None]) -> None:
         self._listeners.append(listener)
 
     def record(self, rec: AccessRecord) -> None:
-        """A proxied request ended: the ring, the listeners (metrics), the log line."""
+        """A proxied request ended: the ring, the listeners (metrics), the log line. A
+        read of a child's state (``GET /slots``: kind "local") is not model traffic:
+        the local ring, as `record_other`."""
+        if self._open.pop(id(rec), None) is not None:
+            rec.in_flight = False
+        if rec.kind == "local":
+            self.record_other(rec)
+            return
         self._ring.append(rec)
         for listener in self._listeners:
             listener(rec)
@@ -263,13 +277,14 @@ class RequestLog:
         kinds: frozenset[str] = DEFAULT_KINDS,
         tenant: str = "",
     ) -> Iterator[AccessRecord]:
-        """Newest first; only ``model``'s when given, only records of ``kinds``; only
-        ``tenant``'s when given (else everyone's)."""
+        """Newest first by arrival (requests still in flight among them); only
+        ``model``'s when given, only records of ``kinds``; only ``tenant``'s when given
+        (else everyone's)."""
         count = 0
+        found = [*self._ring, *self._open.values()]
         if "local" in kinds:
-            found = sorted((*self._ring, *self._local), key=_ended)
-        else:
-            found = list(self._ring)
+            found += self._local
+        found.sort(key=_began)
         for rec in reversed(found):
             if rec.kind not in kinds or (model and rec.model != model):
                 continue
@@ -281,8 +296,8 @@ class RequestLog:
             yield rec
 
 
-def _ended(rec: AccessRecord) -> float:
-    return rec.time + rec.duration
+def _began(rec: AccessRecord) -> float:
+    return rec.time
 
 
 _TEMPLATE: dict[str, object] | None = None

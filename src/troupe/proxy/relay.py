@@ -114,6 +114,8 @@ class RelayReport:
     first_body: float | None = None  # trio time the first body bytes did
     sse: bool = False
     error: str | None = None  # why the relay failed, when it did
+    tokens: int = 0  # a stream's events that carried text (a cut stream's count)
+    whole: bool = False  # the whole answer was written (a client leaving after it did not)
     # The answer's last reads, at least TAIL_BYTES of them when there were that many:
     # references only (no copy per read); joined once, at the end.
     _reads: list[bytes] = attrs.field(factory=list)
@@ -296,6 +298,8 @@ class Relay:
             status = upstream.status_code
             try:
                 relayed = await self._stream(client, upstream, crash_detail, report)
+                if report is not None:
+                    report.whole = True
             except ChildLost as exc:
                 if report is not None:
                     report.error = f"child connection lost: {exc}"
@@ -305,9 +309,9 @@ class Relay:
                 # it stops generating; a finished one returns its connection to the pool.
                 upstream.close()
         finally:
-            if report is not None:
+            if report is not None:  # (a stream cut short: what its writes counted)
                 report.status = status
-                report.bytes_out = relayed
+                report.bytes_out = max(relayed, report.bytes_out)
             self._observe(client, status, len(body), relayed)
 
     async def answer(self, client: Client, upstream: UpstreamResponse, sent: int) -> None:
@@ -429,3 +433,6 @@ def _note(report: RelayReport, data: bytes) -> None:
         if report.first_body is None:
             report.first_body = trio.current_time()
         report.keep(data)
+        report.bytes_out += len(data)
+        if report.sse:  # text events (llama.cpp's "content", OpenAI's "text"), as sent
+            report.tokens += data.count(b'content":"') + data.count(b'"text":"')

@@ -465,7 +465,10 @@ class SchedulerCore:
         for m in list(self.table):
             expiry = ttl_expiry(m, self.queue)
             if expiry is not None and expiry <= now:
-                self.children.stop(m, StopCause(StopReason.TTL), now)
+                # A client's keep_alive for this child, else the preset's ttl (ModelState.ttl).
+                asked = m.keep_alive is not None and m.keep_alive[0] == m.gen and not m.config.pin
+                reason = StopReason.KEEP_ALIVE if asked else StopReason.TTL
+                self.children.stop(m, StopCause(reason), now)
         if self.clock.due(now):
             self.settler.start_drain(now)
         self.placement.widen(now)

@@ -19,6 +19,7 @@ class StopReason(enum.StrEnum):
     MEMORY = "memory"  # its memory was needed by a model that would not fit
     DRAIN = "drain"  # swapped out for a model that starved while it stayed busy
     TTL = "ttl"  # idle longer than its ttl
+    KEEP_ALIVE = "keep_alive"  # idle longer than a client's keep_alive asked (0: Ollama's eject)
     REPLAN = "replan"  # started again on a narrower CPU lane, beside a model that needs one
     UNLOAD = "unload"  # POST /models/unload
     RELOAD = "reload"  # a reload changed its preset
@@ -50,6 +51,7 @@ _NOT_KEPT = frozenset({StopReason.REMOVE, StopReason.DROPPED, StopReason.RELOAD}
 # The words upstream-compatible readers have always seen (``last_eviction``).
 _WORDS = {
     StopReason.TTL: "ttl",
+    StopReason.KEEP_ALIVE: "unload asked by a client (keep_alive)",
     StopReason.UNLOAD: "unload request",
     StopReason.RELOAD: "preset changed",
     StopReason.DROPPED: "removed from the catalogue",

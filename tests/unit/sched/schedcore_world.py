@@ -41,6 +41,8 @@ from troupe.sched.reasons import StopCause, StopReason
 
 __all__ = ["CRASH_LIMIT", "CRASH_WINDOW", "REPORTED", "Ask", "Child", "World"]
 
+# Stops for idleness: the preset's ttl, or a client's keep_alive (its own words).
+_IDLE_STOPS = (StopReason.TTL, StopReason.KEEP_ALIVE)
 CRASH_LIMIT = 3
 CRASH_WINDOW = 20.0
 FAILURE_KINDS = {
@@ -432,13 +434,13 @@ class World:
                 assert s.model not in queued, f"{s} while requests are queued for it"
                 assert not self.configs[s.model].pin, f"pinned model evicted: {s}"
                 continue
-            if not (s.cause == StopCause(StopReason.TTL) or s.cause.reason is StopReason.LRU):
+            if not (s.cause.reason in _IDLE_STOPS or s.cause.reason is StopReason.LRU):
                 continue
             busy = [rid for rid, lease in self.leases.items() if lease == (s.model, s.gen)]
             assert not busy, f"{s} while requests {busy} are in flight"
             assert s.model not in queued, f"{s} while requests are queued for it"
             assert not self.wanted(s.model, ("acquire",)), f"{s} while requests wait for it"
-            if s.cause == StopCause(StopReason.TTL):
+            if s.cause.reason in _IDLE_STOPS:
                 ttl = self.ttl_of(s.model)
                 assert ttl is not None, s
                 assert core.table.models[s.model].idle_since + ttl <= self.now, s
@@ -625,5 +627,5 @@ class World:
                 s.cause.for_model in self.loads_awake()
             ):
                 continue  # a POST /models/load that slept out fake timing makes room
-            assert s.cause == StopCause(StopReason.TTL), s
+            assert s.cause.reason in _IDLE_STOPS, s
             assert self.ttl_of(s.model) is not None, s

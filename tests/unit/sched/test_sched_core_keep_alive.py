@@ -21,7 +21,9 @@ def test_zero_unloads_once_the_last_request_ends() -> None:
     b.release(lease)
     deadline = b.core.next_deadline()
     assert deadline == b.now  # due at once
-    assert [s.cause for s in stops(b.on_time(b.now))] == [StopCause(StopReason.TTL)]
+    # Logged and shown as what it is: an unload a client asked for, not the preset's ttl.
+    assert [s.cause for s in stops(b.on_time(b.now))] == [StopCause(StopReason.KEEP_ALIVE)]
+    assert b.view("a").last_eviction == "unload asked by a client (keep_alive)"
 
 
 def test_a_duration_is_the_idle_timeout_and_the_next_child_forgets_it() -> None:
@@ -30,7 +32,7 @@ def test_a_duration_is_the_idle_timeout_and_the_next_child_forgets_it() -> None:
     b.core.keep_alive("a", gen, 600.0, b.now)
     assert b.view("a").ttl == 600.0
     assert b.core.next_deadline() == b.now + 600.0
-    assert [s.cause for s in stops(b.on_time(b.now + 600))] == [StopCause(StopReason.TTL)]
+    assert [s.cause for s in stops(b.on_time(b.now + 600))] == [StopCause(StopReason.KEEP_ALIVE)]
     b.exited("a", 0)
     assert b.view("a").ttl == 30.0  # its preset's again
     b.bring_up("a")
@@ -82,7 +84,7 @@ def test_keep_alive_zero_is_answered_once_the_busy_child_is_gone() -> None:
     assert rid not in answered(_unload(b, rid, "a"))  # a request is in flight
     out = b.release(lease)
     out += b.on_time(b.now)  # its TTL (0) is due at once
-    assert [s.cause for s in stops(out)] == [StopCause(StopReason.TTL)]
+    assert [s.cause for s in stops(out)] == [StopCause(StopReason.KEEP_ALIVE)]
     assert rid not in answered(out)  # told to stop, not gone yet
     out = b.core.exited("a", b.gen["a"], 0, b.tick(), expected=True)
     assert reply_to(out, rid) is None
@@ -106,7 +108,7 @@ def test_keep_alive_zero_from_a_client_that_left_is_carried_out_and_answers_nobo
     out = _unload(b, rid, "a")
     assert (b.core.next_deadline() or math.inf) <= b.now  # idle: its TTL (0) is due at once
     out += b.on_time(b.now)
-    assert [s.cause for s in stops(out)] == [StopCause(StopReason.TTL)]
+    assert [s.cause for s in stops(out)] == [StopCause(StopReason.KEEP_ALIVE)]
     b.release(rid)  # the client left
     out = b.core.exited("a", b.gen["a"], 0, b.tick(), expected=True)
     assert rid not in answered(out)

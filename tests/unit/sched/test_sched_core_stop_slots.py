@@ -15,6 +15,7 @@ SAVES = {
     StopReason.MEMORY: True,
     StopReason.DRAIN: True,
     StopReason.TTL: True,
+    StopReason.KEEP_ALIVE: True,
     StopReason.REPLAN: True,
     StopReason.UNLOAD: True,
     StopReason.SHUTDOWN: True,
