@@ -11,7 +11,8 @@ The core is a composition of small parts, each owning its own state:
 - `LoadGate` (gate.py): may a model load now (slots, `MemoryAdmission`, `Projections`);
 - `DrainClock` (drain.py): fair admission's timer and swap count;
 - `CatalogueChanges` (reloads.py): reloads and removals under way; `Shutdown`;
-- `Settler` (settle.py): after each event, who is answered, who loads, who goes.
+- `Settler` (settle.py): after each event, the settle rules (rules/, in `RULES` order):
+  who is answered, who loads, who goes, and why a request waits.
 """
 
 from __future__ import annotations

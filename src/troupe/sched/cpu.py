@@ -11,7 +11,7 @@ plan is made at each spawn, from the children that will be running beside it:
 * a child that is wider than its lane would now be is *re-planned*: the newcomer starts
   at once on the cores that child will give up (a lane marked shared meanwhile: one
   thread per core, no polling), and the wider child is started again on its narrower
-  lane as soon as it has no request (the drain's mechanism: `troupe.sched.settle`), or
+  lane as soon as it has no request (the drain's mechanism: `troupe.sched.rules.drain`), or
   once it is ready if it was still loading. A load never waits for a lane.
 
 A child whose command line sets ``--threads`` or a CPU set itself is left as given; the
