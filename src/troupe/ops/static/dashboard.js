@@ -444,7 +444,8 @@
       const waited = (r.queue_wait || 0) + (r.load_wait || 0);
       const cells = [
         new Date(r.time * 1000).toLocaleTimeString(), r.model || "-", `${r.method} ${r.path}`,
-        String(r.status), fmtMs(waited), fmtMs(r.ttft ?? r.ttfb), fmtMs(r.duration), tokens,
+        r.in_flight ? "running" : String(r.status), fmtMs(waited), fmtMs(r.ttft ?? r.ttfb),
+        r.in_flight ? "-" : fmtMs(r.duration), tokens,
         r.tokens_per_second == null ? "-" : r.tokens_per_second.toFixed(1), r.error || "",
       ];
       for (const text of cells) {
