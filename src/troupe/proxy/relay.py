@@ -344,9 +344,15 @@ class Relay:
         relayed = 0
         timeout = upstream.read_timeout
         try:
+            data = upstream.take_first()
+            if upstream.complete:  # the whole answer came with its head: one write, no read
+                out = head + (data if passthrough else client.chunk(data) + client.last_chunk)
+                await client.send(out)
+                if report is not None:
+                    _note(report, data)
+                return len(data)
             bumped = trio.current_time()
             with trio.CancelScope(deadline=bumped + (timeout or math.inf)) as reads:
-                data = upstream.take_first()
                 if not data and not passthrough and not upstream.complete:
                     # A whole answer whose body came apart from its head: wait for it,
                     # so both go out in one write. A stream's head goes out at once.
