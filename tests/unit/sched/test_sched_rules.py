@@ -3,8 +3,12 @@ reason a request waits is the one the deciding rule recorded on its queue entry.
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 from schedcore_kit import Bench, grant_of, stops
 
+import troupe.sched
 from troupe.sched import ModelConfig, RestartKey
 from troupe.sched.rules import RULES
 from troupe.sched.verdicts import NO_SLOT, STOPPING
@@ -69,3 +73,18 @@ def test_a_request_waits_for_a_reload_and_says_so() -> None:
     wb = b.rid()
     assert b.acquire(wb, "b") == []
     assert b.view("b").wait_reason == "waiting for a reload to finish"
+
+
+def test_no_decision_in_the_core_reads_the_display_status() -> None:
+    """The core decides on the phase (`ModelState.announced`, `child_loading`...); llama.cpp's
+    `Status` of a model is computed for readers only (views, the published view types)."""
+    readers = {"views.py", "table.py", "downloads.py", "events.py", "effects.py", "status.py"}
+    root = Path(troupe.sched.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name in readers:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "status":
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert found == []
