@@ -19,6 +19,7 @@ import pytest
 
 from troupe.demo import assemble_demo_model
 from troupe.kvstore import KvStore
+from troupe.kvstore.owner import SlotOwner
 from troupe_rig.kv import chat, complete, kv_of, metric, text_of
 from troupe_rig.realtime_client import EventLog, run_asyncio, sdk_client
 from troupe_rig.router import RunningRouter, open_router, write_preset
@@ -179,13 +180,15 @@ async def test_a_short_conversation_s_slot_is_taken_without_a_save_on_every_rout
         kv = r.ctx.kv
         assert kv is not None
         saved: list[int] = []
-        save = kv._save_one
+        save = SlotOwner.save_one
 
-        async def counted(model: str, ident: str, port: int, slot: int, tenant: str = "") -> None:
+        async def counted(
+            owner: SlotOwner, slot: int, tenant: str = "", *, final: bool = False
+        ) -> None:
             saved.append(slot)
-            await save(model, ident, port, slot, tenant)
+            await save(owner, slot, tenant, final=final)
 
-        monkeypatch.setattr(kv, "_save_one", counted)
+        monkeypatch.setattr(SlotOwner, "save_one", counted)
         await chat(r, "a", [{"role": "user", "content": "Hello there."}])
         api = ollama.AsyncClient(host=r.url, timeout=120)
         try:

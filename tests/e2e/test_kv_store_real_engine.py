@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from troupe.demo import assemble_demo_model
-from troupe.kvstore import service
+from troupe.kvstore.engine_api import EngineApi
+from troupe.proxy.upstream import Child
 from troupe_rig.kv import chat, complete, kv_of, metric, text_of
 from troupe_rig.router import RunningRouter, open_router, write_preset
 
@@ -199,12 +200,20 @@ async def test_the_entries_of_a_model_that_left_the_catalogue_are_dropped(
 async def test_a_child_killed_mid_save_leaves_no_entry(
     gemma: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_call = service.call
+    real_call = EngineApi.call
     killed: list[int] = []
 
     async with router(tmp_path, sections(gemma)) as r:
 
-        async def call_then_die(port: int, method: str, path: str, payload: Any = None) -> Any:
+        async def call_then_die(
+            api: EngineApi,
+            child: Child,
+            method: str,
+            path: str,
+            payload: Any = None,
+            *,
+            final: bool = False,
+        ) -> Any:
             if "action=save" in path and not killed:
                 # The engine has begun writing: part of a file, then the child dies.
                 target = next((tmp_path / "state" / "kv").glob("*")) / payload["filename"]
@@ -213,16 +222,16 @@ async def test_a_child_killed_mid_save_leaves_no_entry(
                 assert pid
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
-            return await real_call(port, method, path, payload)
+            return await real_call(api, child, method, path, payload, final=final)
 
-        monkeypatch.setattr(service, "call", call_then_die)
+        monkeypatch.setattr(EngineApi, "call", call_then_die)
         first = await complete(r, "a", PROMPT)
         await complete(r, "b", "Hello")  # a's stop: its save meets a dead child
         assert killed
         assert (await kv_of(r, "a"))["entries"] == 0
         assert await metric(r, "troupe_kv_saves_total", model="a", result="failed") == 1
     assert not list((tmp_path / "state" / "kv").glob("*/*.bin"))
-    monkeypatch.setattr(service, "call", real_call)
+    monkeypatch.setattr(EngineApi, "call", real_call)
     async with router(tmp_path, sections(gemma)) as r:
         second = await complete(r, "a", PROMPT + text_of(first) + " And then")
         assert second["timings"]["prompt_n"] > 300  # nothing restored, served in full

@@ -114,7 +114,9 @@ class KvService:
     def child_started(self, child: ChildRef) -> None:
         """A child started: its owner, with what its launch said (its KV identity, whether
         it keeps idle slots), when its slots are the store's to steer."""
-        self._owners.pop(child.model, None)  # an older child's, if its exit was not seen
+        older = self._owners.pop(child.model, None)  # if that child's exit was not seen
+        if older is not None:
+            older.gone = True
         if child.model in self._live:
             ident = self._idents.get(child.model)
             keeps = self._keeps.get(child.model, True)

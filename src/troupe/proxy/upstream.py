@@ -167,7 +167,7 @@ class UpstreamPool:
         """The child ``(model, gen)`` started on ``port`` and keeps ``limit`` connections
         (its fixed workers). Every older generation of ``model`` is gone: one child of a
         model runs at a time."""
-        if self._is_gone((model, gen)) or self._stopped.get(model, -1) >= gen:
+        if self._closed or self._is_gone((model, gen)) or self._stopped.get(model, -1) >= gen:
             return  # reported after its stop or exit: changes nothing
         if gen - 1 > self._gone.get(model, -1):
             self.gone(model, gen - 1)
@@ -238,7 +238,9 @@ class UpstreamPool:
         return self._closed or key[1] <= self._stopped.get(key[0], -1)
 
     def _is_gone(self, key: _Key) -> bool:
-        return self._closed or key[1] <= self._gone.get(key[0], -1)
+        # (Not closed: at shutdown the relay's side closes before the children stop,
+        # and each stop's KV save still goes, final, to its child.)
+        return key[1] <= self._gone.get(key[0], -1)
 
     # ----- connections --------------------------------------------------------------------
 
@@ -380,6 +382,8 @@ class UpstreamPool:
             raise
 
     async def aclose(self) -> None:
+        """Idle connections closed, and no request sent any more but a ``final`` one to a
+        child not yet gone (the KV saves of the stops that follow at shutdown)."""
         self._closed = True
         children, self._children = self._children, {}
         for state in children.values():

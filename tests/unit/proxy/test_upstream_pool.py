@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from troupe.proxy.upstream import ChildRef, UpstreamError, UpstreamPool
+from troupe.proxy.upstream import ChildRef, Gone, UpstreamError, UpstreamPool
 
 Handler = Callable[[trio.SocketStream, int], Awaitable[None]]
 
@@ -361,6 +361,30 @@ async def test_the_live_child_is_the_started_one_not_yet_stopping_on_its_own_por
     pool.started("m", 2, 7002, 4)  # a late start of a child already gone changes nothing
     assert pool.live("m") is None
     await pool.aclose()
+
+
+async def test_a_stopping_child_gets_only_final_requests_and_a_gone_one_nothing() -> None:
+    async with trio.open_nursery() as nursery:
+        port, seen = await serve(nursery, keep_alive)
+        pool = UpstreamPool()
+        pool.started("m", 1, port, 4)
+        headers = [(b"host", b"h")]
+        assert await pool.fetch(child(port), "POST", "/x", headers, b"{}") == (200, b"ok")
+        pool.forget("m", 1)  # the scheduler stops it: its KV save is still to come
+        with pytest.raises(Gone):
+            await pool.fetch(child(port), "POST", "/x", headers, b"{}")
+        got = await pool.fetch(child(port), "POST", "/slots/0?action=save", headers, final=True)
+        assert got == (200, b"ok")
+        assert pool.open_count == 0  # a final request's connection is not kept
+        await pool.aclose()  # at shutdown the relay closes before the children stop
+        got = await pool.fetch(child(port), "POST", "/slots/0?action=save", headers, final=True)
+        assert got == (200, b"ok")
+        # It exits, and the next child (another model's, here) takes its port.
+        pool.gone("m", 1)
+        with pytest.raises(Gone):
+            await pool.fetch(child(port), "POST", "/slots/0?action=save", headers, final=True)
+        assert len(seen) == 3  # nothing of the refused requests reached the port
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_chunked_answers_connection_is_not_kept_so_a_post_after_a_stream_is_safe() -> None:
