@@ -26,7 +26,15 @@ The load generator is ``wrk`` when it is on PATH, else a built-in epoll client;
 the direct figures use the same client, so the ratios compare like with like.
 
     .venv/bin/python bench/proxy.py [--quick] [--fake] [--connections 8,64] [--seconds S]
-        [--no-relay] [--streams 1000] [--profile] [--access-log]
+        [--no-relay] [--no-sse] [--post-only] [--streams 1000] [--profile] [--access-log]
+        [--baseline /path/to/other/checkout/src]
+
+troupe's CPU per request (user + system time of its process, from ``/proc/PID/stat``,
+over the measured window) is printed beside each req/s: on a machine shared with other
+work, wall-clock req/s moves with the neighbours' load, CPU per request much less, so
+it is the figure to compare across runs. ``--baseline SRC`` adds troupe run from another
+source tree (a checkout of an older commit), measured in the same run: the ratios then
+include troupe/baseline, what a change to troupe's hot path bought.
 
 ``--access-log`` adds a fourth target, troupe with ``--access-log on`` (its lines go to
 its log file), and prints what the access log costs: troupe+log against troupe, per
@@ -225,7 +233,7 @@ def measure(
     marks: list[tuple[float, float, float]] = []
 
     def mark() -> None:
-        marks.append((_cpu(target.proxy), _cpu(target.child), _client_cpu()))
+        marks.append((_cpu(target.proxy), _cpu(target.child), _client_cpu()))  # /proc/PID/stat
 
     runner = run_wrk if use_wrk else run_load
     load = runner(target.url, scenario.request, scenario.connections, seconds, warmup, mark)
@@ -259,20 +267,25 @@ def measure_sse_many(
     return result, _cpu(target.child) - c0
 
 
-def scenarios(concurrency: list[int]) -> list[Scenario]:
+def scenarios(concurrency: list[int], post_only: bool = False) -> list[Scenario]:
     tokenize = json.dumps({"model": MODEL.name, "content": "hello world"}).encode()
     post = HttpRequest("POST", "/tokenize", tokenize)
     get = HttpRequest("GET", f"/slots?model={MODEL.name}")
     levels = sorted({1, *concurrency})
     return [
         *(Scenario(f"POST /tokenize c={c}", post, c) for c in levels),
-        *(Scenario(f"GET /slots?model= c={c}", get, c) for c in levels),
+        *(() if post_only else (Scenario(f"GET /slots?model= c={c}", get, c) for c in levels)),
     ]
 
 
 # --- output ----------------------------------------------------------------------------------
 
-PAIRS = (("troupe", "direct"), ("C++ router", "direct"), ("troupe", "C++ router"))
+PAIRS = (
+    ("troupe", "direct"),
+    ("C++ router", "direct"),
+    ("troupe", "C++ router"),
+    ("troupe", "baseline"),
+)
 LOGGED = "troupe+log"  # troupe with --access-log on (bench --access-log)
 BASELINE = "baseline"  # troupe from another source tree (bench/access_log.py --baseline)
 
@@ -370,11 +383,10 @@ def print_report(report: Report, targets: list[str]) -> None:
         ratio_row(sc.label, "req/s", {t: f.load.rps for t, f in fig.items()})
         ratio_row("", "p50", {t: f.load.p50_s for t, f in fig.items()})
         ratio_row("", "p99", {t: f.load.p99_s for t, f in fig.items()})
-        if "C++ router" in targets and "troupe" in targets:
-            rows.append(["", "proxy CPU/req", "", "",
-                         _ratio(fig["troupe"].proxy_cpu_s / max(1, fig["troupe"].load.requests),
-                                fig["C++ router"].proxy_cpu_s
-                                / max(1, fig["C++ router"].load.requests))])  # fmt: skip
+        per_req = {t: f.proxy_cpu_s / max(1, f.load.requests) for t, f in fig.items()}
+        rows.append(["", "proxy CPU/req",
+                     *("" if "direct" in (a, b) else _ratio(per_req[a], per_req[b])
+                       for a, b in pairs)])  # fmt: skip
     if report.sse:
         sse = report.sse
         ratio_row("SSE stream", "events/s", {t: sse[t].result.events_per_s for t in targets})
@@ -463,6 +475,9 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--streams", type=int, default=1000, help="streams held open at once")
     ap.add_argument("--profile", action="store_true", help="py-spy troupe (small requests)")
     ap.add_argument("--access-log", action="store_true", help="also troupe with --access-log on")
+    ap.add_argument("--no-sse", action="store_true", help="skip the real-engine SSE streams")
+    ap.add_argument("--post-only", action="store_true", help="POST /tokenize only (no GET /slots)")
+    ap.add_argument("--baseline", type=Path, help="src/ of another checkout: troupe from it too")
     return ap.parse_args()
 
 
@@ -482,7 +497,9 @@ def run(args: argparse.Namespace, engine: Path, tmp: Path, report: Report) -> li
     print(f"timing:  {warmup:g} s warm-up + {seconds:g} s measured per scenario and target")
     print(f"SSE:     one /completion stream of n_predict={n_predict} per target")
     with _process_stack() as procs:
-        targets = start_targets(procs, engine, tmp, args.fake, args.access_log)
+        targets = start_targets(
+            procs, engine, tmp, args.fake, args.access_log, baseline=args.baseline
+        )
         for sc in report.scenarios:
             for t in targets:
                 _progress(f"  {sc.label:<28} {t.name:<11}")
@@ -491,18 +508,21 @@ def run(args: argparse.Namespace, engine: Path, tmp: Path, report: Report) -> li
                 f = measure(t, sc, seconds, warmup, use_wrk)
                 if spy is not None:
                     report.profile += [f"{sc.label}:", *_finish_profile(spy, tmp)]
-                _progress(f" {f.load.rps:8.0f} req/s", "\n")
+                cpu_us = _us(f.proxy_cpu_s, f.load.requests)
+                cpu = "" if t.proxy is None else f"  {cpu_us:>5} us CPU/req"
+                _progress(f" {f.load.rps:8.0f} req/s{cpu}", "\n")
                 report.figures[(sc.label, t.name)] = f
-        for t in targets:
-            _progress(f"  {'SSE stream':<28} {t.name:<11}")
-            s = measure_sse(t, n_predict)
-            _progress(f" {s.result.events_per_s:8.0f} events/s", "\n")
-            report.sse[t.name] = s
-        for t in targets:
-            _progress(f"  {f'SSE x{args.sse_streams} streams':<28} {t.name:<11}")
-            many = measure_sse_many(t, n_predict, args.sse_streams)
-            _progress(f" {many[0].events_per_s:8.0f} events/s", "\n")
-            report.sse_many[t.name] = many
+        if not args.no_sse:
+            for t in targets:
+                _progress(f"  {'SSE stream':<28} {t.name:<11}")
+                s = measure_sse(t, n_predict)
+                _progress(f" {s.result.events_per_s:8.0f} events/s", "\n")
+                report.sse[t.name] = s
+            for t in targets:
+                _progress(f"  {f'SSE x{args.sse_streams} streams':<28} {t.name:<11}")
+                many = measure_sse_many(t, n_predict, args.sse_streams)
+                _progress(f" {many[0].events_per_s:8.0f} events/s", "\n")
+                report.sse_many[t.name] = many
     if not args.no_relay:
         run_relay(args, tmp, report)
     return [t.name for t in targets]
@@ -572,7 +592,7 @@ def main() -> int:
     print(f"model:   {MODEL.name} (tiny llama GGUF, n_ctx {MODEL.n_ctx})")
     print(f"child:   {' '.join(CHILD_ARGS)} (direct child and both routers alike)")
     print(f"machine: {os.cpu_count()} CPUs, load average at start {_loadavg(load)}")
-    report = Report(scenarios=scenarios(args.connections))
+    report = Report(scenarios=scenarios(args.connections, args.post_only))
     keep = True  # the logs of a run that failed
     try:
         names = run(args, engine, tmp, report)
