@@ -208,9 +208,11 @@ class RequestLog:
             self._recorded = trio.Event()
 
     async def wait_until(self, predicate: Callable[[AccessRecord], bool]) -> AccessRecord:
-        """The newest record that matches ``predicate``, waiting for it (no polling)."""
+        """The newest record of an ended request that matches ``predicate``, waiting
+        for it (no polling)."""
         while True:
-            found = next((r for r in self.recent(kinds=ALL_KINDS) if predicate(r)), None)
+            ended = (r for r in self.recent(kinds=ALL_KINDS) if not r.in_flight)
+            found = next((r for r in ended if predicate(r)), None)
             if found is not None:
                 return found
             self._waiting += 1
