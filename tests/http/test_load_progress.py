@@ -14,7 +14,7 @@ import openai
 import pytest
 import trio
 
-from troupe.commands.ps import ps_rows
+from troupe.commands.ps import ps_rows, run_ps
 from troupe.ops.load_log import load_percent
 from troupe.sched import Status
 from troupe_rig.router import RouterFactory, RunningRouter
@@ -41,7 +41,7 @@ async def _wait_progress(router: RunningRouter, model: str) -> None:
 
 
 async def test_streamed_chat_gets_head_then_progress_then_tokens(
-    fake_router: RouterFactory, tmp_path: Path
+    fake_router: RouterFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gate = tmp_path / "gate"  # the load ends when the test says (after some progress)
     sections = {"slow": {"fake-load-time": LOAD, "fake-load-gate": str(gate)}}
@@ -62,6 +62,10 @@ async def test_streamed_chat_gets_head_then_progress_then_tokens(
             assert row["status"] == "loading"
             assert isinstance(row["percent"], int)
             assert 0 <= row["percent"] <= 100
+            assert await trio.to_thread.run_sync(run_ps, ["--url", router.url]) == 0
+            (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("slow")]
+            assert line.split()[1] == "loading"
+            assert line.split()[2].endswith("%")  # the STATUS column: "loading 40%"
             gate.touch()
             blocks = await _events(resp)
     comments = [b for b in blocks if b.startswith(":")]
