@@ -28,6 +28,7 @@ from troupe.catalog.removal import remove_cached
 from troupe.catalog.render import restart_key
 from troupe.child.argcheck import SectionChecks
 from troupe.child.cpu_flags import cpu_flags, cpu_request
+from troupe.child.gpu_flags import gpu_flags, gpu_request
 from troupe.child.ports import free_port
 from troupe.engine import Engine
 from troupe.errors import ConfigError
@@ -36,6 +37,7 @@ from troupe.kvstore import KvService
 from troupe.ops.logs import ModelLogs
 from troupe.sched import ModelConfig, RestartKey
 from troupe.sched.cpu import CpuPlan
+from troupe.sched.devices import GpuPlan, GpuRequest
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
 
@@ -74,6 +76,7 @@ class ChildLauncher:
         logs: ModelLogs,
         gpus: tuple[str, ...],
         kv: KvService | None = None,
+        gpu_ids: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -84,6 +87,10 @@ class ChildLauncher:
         self.observed = observed
         self.logs = logs
         self.gpus = gpus
+        # --gpu-placement auto: troupe's GPU name -> the engine's id ("cuda:1" -> "CUDA1")
+        # for each GPU children are placed on (empty: none, or placement off)
+        self.gpu_ids = dict(gpu_ids or {})
+        self.device_names = {engine: name for name, engine in self.gpu_ids.items()}
         # The KV store (None: --kv-store off with one tenant; with several, no files)
         self.kv = kv
         self._facts_lock = threading.Lock()  # scans run in worker threads
@@ -164,10 +171,25 @@ class ChildLauncher:
                     fingerprint=fp,
                     need=need,
                     cpu=cpu_request(e.preset.get_spelling),
+                    gpu=self._gpu_request(e),
+                    layers=self._layers(e),
                     restart_key=RestartKey(*restart_key(e.preset)),
                 )
             )
         return configs
+
+    def _gpu_request(self, entry: ModelEntry) -> GpuRequest | None:
+        """The model's own device flags, when troupe places children on GPUs."""
+        if not self.gpu_ids:
+            return None
+        return gpu_request(entry.preset.get_spelling, self.device_names)
+
+    def _layers(self, entry: ModelEntry) -> int | None:
+        """Its layers as the engine counts offload (the output layer too)."""
+        if not self.gpu_ids or entry.model_path is None:
+            return None
+        facts = self.facts.facts(entry.model_path)
+        return facts.n_layer + 1 if isinstance(facts, ModelFacts) and facts.n_layer else None
 
     def remove_files(self, model: str) -> bool:
         return remove_cached(cache_dir(self.environ), model)
@@ -181,8 +203,11 @@ class ChildLauncher:
 
     # ----- children ------------------------------------------------------------------------
 
-    def launch_spec(self, model: str, cpu: CpuPlan | None = None) -> LaunchSpec:
-        """How to start ``model``'s child (on lane ``cpu`` when troupe places it)."""
+    def launch_spec(
+        self, model: str, cpu: CpuPlan | None = None, gpu: GpuPlan | None = None
+    ) -> LaunchSpec:
+        """How to start ``model``'s child (on lane ``cpu`` and GPUs ``gpu`` when troupe
+        places it)."""
         entry = self.catalog.get(model)
         if entry is None:
             raise ConfigError(f"model {model} is not in the catalogue")
@@ -194,6 +219,9 @@ class ChildLauncher:
             env.pop("LLAMA_SERVER_SLOTS_DEBUG", None)
         # The configured port, even 0 (upstream); its presence is what makes a child a child.
         env["LLAMA_SERVER_ROUTER_PORT"] = str(self.settings.port)
+        if self.gpu_ids:
+            # CUDA numbers the cards as NVML does (PCI bus order), not fastest first.
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
         kv = self._kv(entry)
 
@@ -201,6 +229,10 @@ class ChildLauncher:
             args = self.render_args(entry, port)
             if cpu is not None:
                 args += cpu_flags(cpu, lambda flag: entry.preset.get_spelling(flag) is not None)
+            if gpu is not None:
+                args += gpu_flags(
+                    gpu, self.gpu_ids, lambda flag: entry.preset.get_spelling(flag) is not None
+                )
             if kv is not None:
                 args = kv.launch_args(model, args, self._uses_swa(entry))
             elif self.kv is not None:  # no files (kv-store off): several tenants, steered
@@ -225,6 +257,7 @@ class ChildLauncher:
             before_stop=save_slots if kv is not None else None,
             before_stop_seconds=kv.save_seconds if kv is not None else 10.0,
             model_file=entry.model_path,
+            device_names=self.device_names,
         )
 
     def measure_command(self, model: str) -> tuple[list[str], dict[str, str]]:

@@ -192,6 +192,7 @@ class Exited:
     expected: bool  # troupe asked it to stop
     detail: str | None  # why, with the last stderr lines, for an unexpected or failed exit
     oom: bool = False  # its log said it ran out of memory
+    oom_device: str | None = None  # on this device ("cuda:1"), when its log named one
 
 
 @attrs.frozen

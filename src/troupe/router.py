@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 from pathlib import Path
 from typing import Protocol
 
@@ -32,6 +33,8 @@ from troupe.engine import Engine
 from troupe.errors import ConfigError
 from troupe.hardware.cpus import read_topology
 from troupe.hardware.devices import DeviceList, DeviceReader
+from troupe.hardware.gpu_ids import engine_gpu_ids
+from troupe.hardware.listdevices import DeviceListError, run_list_devices
 from troupe.kvstore import KvService, KvStore
 from troupe.kvstore.metrics import KvMetrics
 from troupe.kvstore.store import private_dir
@@ -134,6 +137,33 @@ def cpu_ledger(settings: RouterSettings) -> CpuLedger | None:
     return CpuLedger(topology) if topology is not None else None
 
 
+def gpu_ids(
+    settings: RouterSettings, engine: Engine, devices: DeviceList, environ: dict[str, str]
+) -> dict[str, str]:
+    """--gpu-placement auto: troupe's GPU name -> the engine's device id, for the GPUs
+    children are placed on (`troupe.hardware.gpu_ids`); empty without NVML GPUs (no
+    engine run then: nothing changes for CPU users), with placement off, or when the
+    engine cannot use them (a CPU build)."""
+    if settings.gpu_placement == "off" or not devices.gpus:
+        return {}
+    env = {**environ, "CUDA_DEVICE_ORDER": environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")}
+
+    def run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env=env, check=False
+        )
+
+    try:
+        listed = run_list_devices(engine.path, run=run)
+    except DeviceListError as exc:
+        log.warning("GPU placement off: %s", exc)
+        return {}
+    ids = engine_gpu_ids(devices.gpus, listed, environ)
+    if ids:
+        log.info("GPU placement: %s", ", ".join(f"{k}={v}" for k, v in ids.items()))
+    return ids
+
+
 def build_router(
     settings: RouterSettings,
     engine: Engine,
@@ -160,6 +190,7 @@ def build_router(
     # whenever the scheduler needs a fresh reading.
     reader = DeviceReader("auto" if use_nvml else None)
     devices = reader.read()
+    placed_on = gpu_ids(settings, engine, devices, env)
     state_dir = _state_dir(settings)
     logs = ModelLogs()
     metrics = RouterMetrics(settings.api_prefix)
@@ -180,6 +211,7 @@ def build_router(
         logs=logs,
         gpus=tuple(gpu_name(g.index) for g in devices.gpus),
         kv=kv,
+        gpu_ids=placed_on,
     )
     fake_timing = bool(env.get(FAKE_TIMING_ENV))
     margin = settings.memory_margin_bytes
@@ -189,7 +221,7 @@ def build_router(
         settings.models_max,
         fake_timing=fake_timing,
         queue_max=settings.queue_max,
-        memory=MemoryLedger(margin) if margin is not None else None,
+        memory=MemoryLedger(margin, gpus=tuple(placed_on)) if margin is not None else None,
         drain_after=settings.drain_after,
         measure=True,  # the engine's own projection, for every model it can read
         cpu=cpu_ledger(settings),

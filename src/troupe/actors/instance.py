@@ -15,7 +15,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from troupe.child.classify import LogKind, classify_line, describe_exit_signal
+from troupe.child.classify import LogKind, classify_line, describe_exit_signal, oom_device
 from troupe.child.http_threads import http_threads
 from troupe.child.ledger import PidLedger
 from troupe.child.logring import LogRing
@@ -57,6 +57,9 @@ class LaunchSpec:
     # The model's file: a failed load says "no such file" when it is missing (the
     # engine's own line about it is rarely among the last it prints).
     model_file: Path | None = None
+    # The engine's device ids (``CUDA1``) -> troupe's names (``cuda:1``): the device a
+    # load that ran out of memory names, so the retry frees room there.
+    device_names: Mapping[str, str] = attrs.field(factory=dict)
 
 
 def _describe_exit(returncode: int) -> str:
@@ -120,6 +123,7 @@ class Instance:
                     code, detail = 1, f"troupe instance error: {exc!r}"
                 with trio.CancelScope(shield=True):
                     oom = self.failure is not None and self.failure[0] is LogKind.OOM
+                    device = oom_device(self.failure[1]) if oom and self.failure else None
                     await self._outbox.send(
                         Exited(
                             self.model,
@@ -128,6 +132,7 @@ class Instance:
                             expected=self._stop.is_set(),
                             detail=detail,
                             oom=oom,
+                            oom_device=self.spec.device_names.get(device or ""),
                         )
                     )
             finally:

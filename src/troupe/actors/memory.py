@@ -20,6 +20,7 @@ import trio
 
 from troupe.catalog.memory import HOST
 from troupe.hardware.devices import DeviceReader
+from troupe.hardware.nvml import GpuDevice
 from troupe.sched.memory import DeviceMemory, MemorySample
 
 __all__ = ["MemorySampler", "ObservedStore", "gpu_name"]
@@ -42,6 +43,7 @@ class MemorySampler:
         return self._reader.host_only
 
     def sample(self, pids: Iterable[int]) -> MemorySample:
+        pids = list(pids)
         devices = self._reader.read()
         out = [DeviceMemory(HOST, devices.host.total, devices.host.available)]
         out += [DeviceMemory(gpu_name(g.index), g.total, g.free) for g in devices.gpus]
@@ -58,7 +60,8 @@ class MemorySampler:
                 if used:
                     usage[pid][gpu_name(index)] = used
                     footprint[pid][gpu_name(index)] = used
-        return MemorySample(tuple(out), usage, footprint)
+        blind = frozenset(gpu_name(g.index) for g in devices.gpus if _pids_hidden(g, pids))
+        return MemorySample(tuple(out), usage, footprint, blind)
 
     async def asample(self, pids: Iterable[int]) -> MemorySample:
         pid_list = list(pids)
@@ -66,6 +69,16 @@ class MemorySampler:
 
     def close(self) -> None:
         self._reader.close()
+
+
+def _pids_hidden(gpu: GpuDevice, ours: list[int]) -> bool:
+    """NVML cannot say what troupe's children hold on ``gpu``: it lists no processes, or
+    only PIDs this process cannot see (a container, where NVML speaks the host's PIDs)."""
+    if gpu.processes is None:
+        return True
+    if not gpu.processes or any(p.pid in ours for p in gpu.processes):
+        return False
+    return not any(psutil.pid_exists(p.pid) for p in gpu.processes)
 
 
 class ObservedStore:

@@ -428,6 +428,7 @@ class Scheduler:
                     expected=msg.expected,
                     detail=msg.detail,
                     oom=msg.oom,
+                    oom_device=msg.oom_device,
                 )
             case MemorySampled():
                 effects = core.memory_sampled(msg.sample, msg.version, now)

@@ -36,6 +36,7 @@ from troupe.sched import (
     Stop,
 )
 from troupe.sched.cpu import CpuPlan
+from troupe.sched.devices import GpuPlan
 from troupe.sched.effects import CancelMeasure, DeleteFiles, Measure, Reloaded
 from troupe.sched.events import MemoryWarning, SchedulerEvent
 
@@ -58,7 +59,9 @@ class ChildTransport(Protocol):
 
 
 class Spawner(Protocol):
-    def launch_spec(self, model: str, cpu: CpuPlan | None = None) -> LaunchSpec: ...
+    def launch_spec(
+        self, model: str, cpu: CpuPlan | None = None, gpu: GpuPlan | None = None
+    ) -> LaunchSpec: ...
 
 
 class EffectExecutor:
@@ -143,7 +146,7 @@ class EffectExecutor:
     def _spawn(self, effect: Spawn, now: float) -> list[Effect]:
         assert self.nursery is not None
         try:
-            spec = self._spawner.launch_spec(effect.model, effect.cpu)
+            spec = self._spawner.launch_spec(effect.model, effect.cpu, effect.gpu)
         except Exception as exc:  # a model that cannot be rendered fails alone
             about(log, effect.model).exception("cannot prepare its child")
             return self._core.exited(

@@ -10,13 +10,14 @@ for a reading through `ask` (a `SampleMemory` effect), answers with `took` or
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import attrs
 
+from troupe.sched.devices import Fit
 from troupe.sched.effects import SampleMemory
 from troupe.sched.memory import MemoryLedger, MemorySample
-from troupe.sched.table import ModelState
+from troupe.sched.table import ModelConfig, ModelState
 
 __all__ = ["TRUE_UP_DELAY", "Admit", "Evict", "MemoryAdmission", "Verdict", "Wait"]
 
@@ -93,7 +94,7 @@ class MemoryAdmission:
         for m in models:
             used = sample.footprint.get(m.pid) if m.pid else None
             if used and m.child_loaded:
-                self.ledger.true_up(m.name, used)
+                self.ledger.true_up(m.name, used, sample.blind)
 
     def could_not_read(self, version: int) -> None:
         self._asking = False
@@ -111,13 +112,38 @@ class MemoryAdmission:
 
     # ----- admission ------------------------------------------------------------------------
 
-    def fits_now(self, name: str, holders: Mapping[str, int]) -> bool | None:
+    def fits_now(
+        self, name: str, holders: Mapping[str, int], config: ModelConfig | None = None
+    ) -> bool | None:
         """On a reading with nothing started since: does ``name`` fit beside ``holders``?
         None when there is no such reading (ask for one)."""
         if not (self.fresh() or self.conservative()):
             return None
         assert self.sample is not None
-        return not self.ledger.deficit(name, self.sample, holders)
+        return self._fits(name, holders, config)
+
+    def _fits(self, name: str, holders: Mapping[str, int], config: ModelConfig | None) -> bool:
+        """Does ``name`` fit on the current reading? Where it would go is kept for its
+        spawn (`MemoryLedger.planned`)."""
+        assert self.sample is not None
+        ledger = self.ledger
+        fit = ledger.fit(
+            name,
+            self.sample,
+            holders,
+            config.gpu if config is not None else None,
+            config.layers if config is not None else None,
+        )
+        if fit is None or fit.short:
+            return False
+        self._plan(name, fit)
+        return True
+
+    def _plan(self, name: str, fit: Fit | None) -> None:
+        if fit is not None and fit.plan is not None:
+            self.ledger.planned[name] = fit.plan
+        else:
+            self.ledger.planned.pop(name, None)
 
     def verdict(
         self,
@@ -125,30 +151,42 @@ class MemoryAdmission:
         holders: Mapping[str, int],
         *,
         stopping: bool,
-        victim: Callable[[], str | None],
+        victim: Callable[[Collection[str]], str | None],
+        config: ModelConfig | None = None,
     ) -> tuple[Verdict, bool]:
         """May ``name`` load now? And whether a new reading is needed first. ``stopping``:
-        a model is on its way out already; ``victim``: the idle model to evict for it."""
+        a model is on its way out already; ``victim``: the idle model to evict for it,
+        one holding memory on one of the devices given; ``config``: its device flags and
+        layers, for where it goes (`MemoryLedger.fit`)."""
         ledger = self.ledger
+        ledger.planned.pop(name, None)
         if ledger.need(name) is None:
             return Admit(), False  # unknown need: load without the check, learn it once up
         if not self.fresh():
             if self._failed == self._version:
                 return Admit("loading without the memory check: memory could not be read"), False
-            if self.conservative():
-                assert self.sample is not None
-                if not ledger.deficit(name, self.sample, holders):
-                    return Admit(), False  # it fitted before a child exited: it fits now
+            if self.conservative() and self._fits(name, holders, config):
+                return Admit(), False  # it fitted before a child exited: it fits now
             return Wait(), True
         assert self.sample is not None
-        deficit = ledger.deficit(name, self.sample, holders)
-        if not deficit:
+        fit = ledger.fit(
+            name,
+            self.sample,
+            holders,
+            config.gpu if config is not None else None,
+            config.layers if config is not None else None,
+        )
+        if fit is None or not fit.short:
+            self._plan(name, fit)
             return Admit(), False
+        deficit = fit.short[0]
         if stopping:
             return Wait(), False  # one eviction at a time: wait until it is gone
-        chosen = victim()
-        if chosen is not None:
-            return Evict(chosen), False
+        for room in fit.short:
+            # A victim on the device that needs room, not anywhere.
+            chosen = victim(tuple(room))
+            if chosen is not None:
+                return Evict(chosen), False
         if not any(h != name for h in holders):
             # Nothing else to give up: load anyway, as upstream does, but say so.
             short = ", ".join(f"{dev}: {n >> 20} MiB" for dev, n in sorted(deficit.items()))

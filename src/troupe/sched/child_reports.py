@@ -103,6 +103,7 @@ class ChildReports:
         expected: bool,
         detail: str | None,
         oom: bool,
+        oom_device: str | None = None,
     ) -> bool:
         """The child of generation ``gen`` is gone. ``code`` is upstream's (a signal is 1);
         ``oom``: its log said it ran out of memory."""
@@ -127,7 +128,7 @@ class ChildReports:
         m.load_started = None
         if detail:
             m.last_error = detail
-        victims = self._oom_victims(m) if oom and was_loading and not expected else []
+        victims = self._oom_victims(m, oom_device) if oom and was_loading and not expected else []
         if victims and not was_stopping:
             m.move(Phase.RETRYING)  # its waiters keep waiting for the second try
         elif not expected and self._crashes.crashed(m, now):
@@ -160,11 +161,20 @@ class ChildReports:
             self._table.drop(model)
         return True
 
-    def _oom_victims(self, m: ModelState) -> list[str]:
+    def _oom_victims(self, m: ModelState, device: str | None = None) -> list[str]:
         """The idle models to evict so that a load that died of OOM may be tried once
-        more (none if it was tried again already, or is leaving the table)."""
+        more (none if it was tried again already, or is leaving the table); those holding
+        memory on ``device`` only, when the log named the device it ran out of."""
         if m.oom_retried or self._table.retiring(m.name):
             return []
+        elsewhere: list[str] = []
+        if device is not None and self._memory is not None:
+            ledger = self._memory.ledger
+            elsewhere = [
+                o.name
+                for o in self._table
+                if o.is_running and not ledger.holds_on(o.name, [device])
+            ]
         # Idle models on their way to a narrower lane (a re-plan) are resident, or about
         # to be again: they go too, their restart called off.
         waited = {w.model for w in self._requests.waiters.values()}
@@ -172,10 +182,15 @@ class ChildReports:
         victims = [
             o.name
             for o in self._table
-            if o is not m and _replanned(o) and not o.pin and o.name not in waited
+            if o is not m
+            and _replanned(o)
+            and not o.pin
+            and o.name not in waited
+            and o.name not in elsewhere
         ]
         while True:
-            victim = pick_victim(self._table.models, self._queue, exclude=[m.name, *victims])
+            skip = [m.name, *victims, *elsewhere]
+            victim = pick_victim(self._table.models, self._queue, exclude=skip)
             if victim is None:
                 return victims
             victims.append(victim)

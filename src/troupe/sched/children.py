@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from troupe.sched.admission import MemoryAdmission
 from troupe.sched.cpu import CpuLedger, CpuPlan
+from troupe.sched.devices import GpuPlan
 from troupe.sched.drain import DrainClock
 from troupe.sched.effects import Spawn, Stop
 from troupe.sched.events import ModelStatusSet, StopRequested
@@ -89,6 +90,7 @@ class Children:
 
     def spawn(self, m: ModelState, now: float, delay: float, cpu: CpuPlan | None = None) -> None:
         """Start ``m``'s next child (on lane ``cpu``, when troupe places it)."""
+        m.gpu = self._gpus_for(m)
         m.gen = self._table.next_gen(m)
         m.cpu = cpu
         m.replanned = m.phase is Phase.REPLANNING
@@ -106,7 +108,19 @@ class Children:
             # Upstream's load() sets "loading" as it spawns: a GET /models or an unload
             # right after a successful POST /models/load must see a running model.
             self.announce_loading(m, now)
-        self._out.add(Spawn(m.name, m.gen, delay, cpu))
+        self._out.add(Spawn(m.name, m.gen, delay, cpu, m.gpu))
+
+    def _gpus_for(self, m: ModelState) -> GpuPlan | None:
+        """The GPUs admission found for ``m`` (`MemoryLedger.planned`); a child started
+        again (a second try after an OOM, a narrower CPU lane) keeps its last ones."""
+        if self._memory is None:
+            return None
+        ledger = self._memory.ledger
+        plan = ledger.planned.pop(m.name, None)
+        if plan is None and m.phase in (Phase.RETRYING, Phase.REPLANNING):
+            plan = m.gpu
+        ledger.spawned(m.name, plan)
+        return plan
 
     def announce_loading(self, m: ModelState, now: float) -> None:
         m.reported = Status.LOADING

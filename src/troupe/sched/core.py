@@ -333,11 +333,14 @@ class SchedulerCore:
         expected: bool,
         detail: str | None = None,
         oom: bool = False,
+        oom_device: str | None = None,
     ) -> list[Effect]:
         """The child of generation ``gen`` is gone. ``code`` is upstream's (a signal is 1);
-        ``oom``: its log said it ran out of memory."""
+        ``oom``: its log said it ran out of memory (on ``oom_device``, when it said where)."""
         self._now = now
-        if self.reports.exited(model, gen, code, now, expected=expected, detail=detail, oom=oom):
+        if self.reports.exited(
+            model, gen, code, now, expected=expected, detail=detail, oom=oom, oom_device=oom_device
+        ):
             self._settle(now)
         return self._flush()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from troupe.sched.cpu import CpuPlan
+from troupe.sched.devices import GpuPlan
 from troupe.sched.events import SchedulerEvent
 from troupe.sched.reasons import StopCause
 
@@ -33,6 +34,7 @@ class Spawn:
     gen: int
     delay: float = 0.0  # LLAMA_SERVER_DEBUG_FAKE_TIMING waits before spawning
     cpu: CpuPlan | None = None  # its lane (None: not troupe's to place)
+    gpu: GpuPlan | None = None  # its GPUs (None: not troupe's to place)
 
 
 @attrs.frozen

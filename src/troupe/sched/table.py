@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from troupe.sched.cpu import CpuPlan, CpuRequest
+from troupe.sched.devices import GpuPlan, GpuRequest
 from troupe.sched.downloads import DownloadView
 from troupe.sched.memory import DeviceMemory
 from troupe.sched.phase import TRANSITIONS, IllegalTransition, Phase
@@ -45,6 +46,8 @@ class ModelConfig:
     fingerprint: str = ""  # identity of its command line (memory observations are per it)
     need: Mapping[str, int] | None = None  # bytes per device to load it; None: unknown
     cpu: CpuRequest | None = None  # its own CPU flags (then troupe leaves its CPUs as given)
+    gpu: GpuRequest | None = None  # its own device flags (then troupe leaves its GPUs as given)
+    layers: int | None = None  # its layers as the engine counts offload (a partial offload)
     restart_key: RestartKey = RestartKey()  # a reload restarts it when this changes
 
 
@@ -67,6 +70,7 @@ class ModelState:
     drain_for: str | None = None  # draining for this model (kept while it then stops)
     drain_reason: StopReason = StopReason.DRAIN  # why: a swap, or a narrower CPU lane
     cpu: CpuPlan | None = None  # where troupe placed its current child (None: not placed)
+    gpu: GpuPlan | None = None  # the GPUs troupe placed its current child on (None: not placed)
     held_until: float | None = None  # HELD: until when
     oom_retried: bool = False  # a load died of OOM and was retried since it last came up
     progress: dict[str, Any] | None = None
@@ -321,6 +325,8 @@ class ModelView:
     memory_high: Mapping[str, int] | None = None  # the engine's figure at full context
     cpu: CpuPlan | None = None  # where troupe placed its child (cores, threads)
     cpu_request: CpuRequest | None = None  # or what its own flags say
+    gpu: GpuPlan | None = None  # the GPUs troupe placed its child on
+    gpu_request: GpuRequest | None = None  # or what its own device flags say
     idle_since: float = 0.0  # when its last request finished (Trio time; TTL counts from here)
     restarting: bool = False  # started again on a narrower CPU lane (ModelState.restarting)
     slots: int | None = None  # requests its child serves at once (its --parallel)

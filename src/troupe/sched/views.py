@@ -80,6 +80,8 @@ def model_views(
             memory_high=_projection_high(m, projections),
             cpu=m.cpu if m.is_running else None,
             cpu_request=m.config.cpu,
+            gpu=m.gpu if m.is_running else None,
+            gpu_request=m.config.gpu,
         )
         for name, m in sorted(table.models.items())
     }

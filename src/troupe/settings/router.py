@@ -87,6 +87,7 @@ class RouterSettings:
     # "auto": each child gets threads and a CPU set of its own (troupe.sched.cpu); "off":
     # children take the engine's defaults, as llama.cpp's router.
     cpu_placement: str = "auto"
+    gpu_placement: str = "auto"
     access_log: bool = False  # one log line per proxied request (troupe.ops.access)
     # A streamed request waiting for a load: "comments" (SSE comments with the progress),
     # "reasoning" (also reasoning_content deltas on chat completions), "off" (troupe.http.loading).
@@ -263,6 +264,7 @@ def build_settings(
         drain_timeout=T.DRAIN_TIMEOUT.read(own),
         drain_after=T.DRAIN_AFTER.read(own),
         cpu_placement=T.CPU_PLACEMENT.read(own),
+        gpu_placement=T.GPU_PLACEMENT.read(own),
         kv_store=T.KV_STORE.read(own),
         kv_store_bytes=T.KV_STORE_MIB.read(own),
         memory_margin_bytes=T.MODELS_MEMORY_MARGIN.read(own),

@@ -514,6 +514,18 @@ CPU_PLACEMENT = Setting(
     )),
     Toml("troupe", "cpu_placement", str), own=True,
 )  # fmt: skip
+GPU_PLACEMENT = Setting(
+    ("--gpu-placement",), "auto|off", "TROUPE_GPU_PLACEMENT", "auto", _choice(CPU_PLACEMENTS),
+    Help(_OWN, (
+        "auto: each child gets the NVIDIA GPUs it needs and no",
+        "more (one card when it fits on one, else the fewest that",
+        "hold it, else part of it offloaded); a child's own",
+        "--device/--split-mode/--main-gpu/--tensor-split are kept",
+        "(default: auto; off: every child sees every GPU, as",
+        "llama.cpp's router; no GPU: nothing changes)",
+    )),
+    Toml("troupe", "gpu_placement", str), own=True,
+)  # fmt: skip
 LOAD_PROGRESS = Setting(
     ("--load-progress",), "comments|reasoning|off", "TROUPE_LOAD_PROGRESS", "comments",
     _choice(LOAD_PROGRESS_MODES),
@@ -712,6 +724,7 @@ SETTINGS: tuple[Setting[object], ...] = (
     DRAIN_TIMEOUT,
     DRAIN_AFTER,
     CPU_PLACEMENT,
+    GPU_PLACEMENT,
     LOAD_PROGRESS,
     ACCESS_LOG,
     KV_STORE,

@@ -163,18 +163,18 @@ def admission(needs: dict[str, int | None], margin: int = 0) -> MemoryAdmission:
 
 def test_an_unknown_need_loads_without_the_check() -> None:
     memory = admission({"a": None})
-    assert memory.verdict("a", {}, stopping=False, victim=lambda: None) == (Admit(), False)
+    assert memory.verdict("a", {}, stopping=False, victim=lambda _on: None) == (Admit(), False)
 
 
 def test_without_a_reading_the_load_waits_for_one_and_one_is_asked_at_a_time() -> None:
     memory = admission({"a": 100 * MiB})
-    assert memory.verdict("a", {}, stopping=False, victim=lambda: None) == (Wait(), True)
+    assert memory.verdict("a", {}, stopping=False, victim=lambda _on: None) == (Wait(), True)
     first = memory.ask((4, 5))
     assert first == SampleMemory((4, 5), 0)
     assert memory.ask((4, 5)) is None  # one under way already
     memory.took(reading(500 * MiB), first.version, [])
     assert memory.fresh()
-    assert memory.verdict("a", {}, stopping=False, victim=lambda: None) == (Admit(), False)
+    assert memory.verdict("a", {}, stopping=False, victim=lambda _on: None) == (Admit(), False)
 
 
 def test_a_reading_that_failed_lets_the_load_go_on_and_says_so() -> None:
@@ -182,7 +182,7 @@ def test_a_reading_that_failed_lets_the_load_go_on_and_says_so() -> None:
     effect = memory.ask(())
     assert effect is not None
     memory.could_not_read(effect.version)
-    verdict, read = memory.verdict("a", {}, stopping=False, victim=lambda: None)
+    verdict, read = memory.verdict("a", {}, stopping=False, victim=lambda _on: None)
     assert verdict == Admit("loading without the memory check: memory could not be read")
     assert not read
 
@@ -193,25 +193,26 @@ def test_a_reading_from_before_an_exit_still_admits_what_fitted_then() -> None:
     memory.changed(released=True)  # a child exited since: memory only came back
     assert not memory.fresh()
     assert memory.conservative()
-    assert memory.verdict("a", {}, stopping=False, victim=lambda: None) == (Admit(), False)
+    assert memory.verdict("a", {}, stopping=False, victim=lambda _on: None) == (Admit(), False)
     memory.changed()  # a child started since: the reading no longer says enough
-    assert memory.verdict("a", {}, stopping=False, victim=lambda: None) == (Wait(), True)
+    assert memory.verdict("a", {}, stopping=False, victim=lambda _on: None) == (Wait(), True)
 
 
 def test_a_model_that_does_not_fit_evicts_one_idle_model_at_a_time() -> None:
     memory = admission({"a": 300 * MiB, "b": 400 * MiB}, margin=50 * MiB)
     memory.took(reading(200 * MiB), 0, [])
     holders = {"b": 0}
-    assert memory.verdict("a", holders, stopping=False, victim=lambda: "b") == (Evict("b"), False)
-    assert memory.verdict("a", holders, stopping=True, victim=lambda: "b") == (Wait(), False)
+    verdict = memory.verdict("a", holders, stopping=False, victim=lambda _on: "b")
+    assert verdict == (Evict("b"), False)
+    assert memory.verdict("a", holders, stopping=True, victim=lambda _on: "b") == (Wait(), False)
     # Busy or pinned models hold it: wait for one to go idle.
-    assert memory.verdict("a", holders, stopping=False, victim=lambda: None) == (Wait(), False)
+    assert memory.verdict("a", holders, stopping=False, victim=lambda _on: None) == (Wait(), False)
 
 
 def test_a_model_alone_that_does_not_fit_loads_anyway_and_says_by_how_much() -> None:
     memory = admission({"a": 300 * MiB}, margin=50 * MiB)
     memory.took(reading(200 * MiB), 0, [])
-    verdict, _ = memory.verdict("a", {}, stopping=False, victim=lambda: None)
+    verdict, _ = memory.verdict("a", {}, stopping=False, victim=lambda _on: None)
     assert verdict == Admit("loading without enough memory (host: 150 MiB short)")
 
 
