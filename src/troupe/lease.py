@@ -49,14 +49,17 @@ from troupe.kvstore import Hold
 from troupe.ops.access import AccessRecord
 from troupe.router import Router
 from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant
+from troupe.sched.terms import DEFAULT_TERMS, TenantTerms
 from troupe.tenants.budget import Refusal, Reservation, rate_headers
 
 __all__ = [
     "NO_SLOT",
+    "NO_SLOT_PATHS",
     "Lease",
     "acquire_within",
     "autoload_flag",
     "note_wait",
+    "takes_slot",
     "validate_model",
 ]
 
@@ -91,19 +94,42 @@ def validate_model(
     return entry
 
 
+# Requests that occupy none of a child's slots (a POST that does not decode, and every
+# GET): never counted against the slots, never queued behind requests that are.
+NO_SLOT_PATHS = frozenset(
+    {"/tokenize", "/detokenize", "/apply-template", "/props", "/health", "/v1/health",
+     "/slots", "/metrics", "/models", "/v1/models", "/lora-adapters"}
+)  # fmt: skip
+
+
+def takes_slot(method: str, path: str) -> bool:
+    """Does a request occupy one of the child's slots while it is answered (completions,
+    chat, infill, embeddings, rerank, Ollama's chat/generate/embed)?"""
+    if method != "POST":
+        return False
+    path = path.split("?", 1)[0].rstrip("/")
+    return path not in NO_SLOT_PATHS and not path.startswith("/slots/")
+
+
 async def acquire_within(
-    ctx: Router, model: str, *, autoload: bool, update_last_used: bool
+    ctx: Router,
+    model: str,
+    *,
+    autoload: bool,
+    update_last_used: bool,
+    terms: TenantTerms = DEFAULT_TERMS,
+    slot: bool = False,
 ) -> tuple[int, Grant]:
     """`Scheduler.acquire` bounded by ``--queue-timeout``: a wait that lasts longer
     leaves the queue and fails with a clear 503."""
     timeout = ctx.settings.queue_timeout
     if timeout is None:
         return await ctx.scheduler.acquire(
-            model, autoload=autoload, update_last_used=update_last_used
+            model, autoload=autoload, update_last_used=update_last_used, terms=terms, slot=slot
         )
     with trio.move_on_after(timeout):
         return await ctx.scheduler.acquire(
-            model, autoload=autoload, update_last_used=update_last_used
+            model, autoload=autoload, update_last_used=update_last_used, terms=terms, slot=slot
         )
     view = ctx.scheduler.snapshot.models.get(model)
     state = f" (it is {view.status})" if view is not None else ""
@@ -156,6 +182,7 @@ class Lease:
         "tenant",
         "update_last_used",
         "used",
+        "uses_slot",
         "waited",
     )
 
@@ -173,6 +200,7 @@ class Lease:
         record: AccessRecord | None = None,
         validate: bool = True,
         body: bytes = b"",
+        uses_slot: bool | None = None,
     ) -> None:
         self.ctx = ctx
         self.model = model
@@ -183,6 +211,11 @@ class Lease:
         self.stoppable = stoppable
         self.keep_alive = keep_alive
         self.record = record
+        # It occupies one of the child's slots, so it waits its turn while they are all
+        # taken (fair queuing); None: from the record's method and path (none: it does).
+        if uses_slot is None:
+            uses_slot = record is None or takes_slot(record.method, record.path)
+        self.uses_slot = uses_slot
         self._validate = validate
         self.waited = 0.0  # seconds from asking to the grant (or the refusal)
         self._rid = 0
@@ -238,7 +271,7 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.ctx.scheduler.release(self._rid)
+        await self.ctx.scheduler.release(self._rid, self._answer_tokens())
         reservation, self._reservation = self._reservation, None
         if reservation is not None:
             accounts = self.ctx.accounts
@@ -246,6 +279,16 @@ class Lease:
                 accounts.settle_with(self.record, reservation)
             else:
                 accounts.settle(reservation, self.used)
+
+    def _answer_tokens(self) -> int | None:
+        """The tokens the answer used, prompt + generated (`used`, else the access
+        record's figures; None: unknown), for the tenant's attained service."""
+        if self.used is not None:
+            return self.used
+        rec = self.record
+        if rec is None or (rec.prompt_tokens is None and rec.completion_tokens is None):
+            return None
+        return (rec.prompt_tokens or 0) + (rec.completion_tokens or 0)
 
     def _admit(self) -> None:
         """The tenant's limits: reserve, or refuse with 429 (no await in between)."""
@@ -299,6 +342,7 @@ class Lease:
     async def _wait(self) -> tuple[int, Grant]:
         ctx, model = self.ctx, self.model
         tracker, conv, owner = ctx.conversations, self.conversation, self.tenant
+        terms = ctx.tenants.current.terms(self.tenant)  # its weight, class, max_parallel
         asked = trio.current_time()
         granted: Grant | None = None
         # Registered before the wait, so a stop issued while the model loads can cancel it.
@@ -313,13 +357,15 @@ class Lease:
                 with trio.CancelScope(shield=True) as wait_scope:
                     tracker.attach(conv, ticket, wait_scope, owner=owner)
                     rid, granted = await acquire_within(
-                        ctx, model, autoload=self.autoload, update_last_used=self.update_last_used
-                    )
+                        ctx, model, autoload=self.autoload,
+                        update_last_used=self.update_last_used, terms=terms, slot=self.uses_slot,
+                    )  # fmt: skip
                 stopped = wait_scope.cancelled_caught
             else:
                 rid, granted = await acquire_within(
-                    ctx, model, autoload=self.autoload, update_last_used=self.update_last_used
-                )
+                    ctx, model, autoload=self.autoload,
+                    update_last_used=self.update_last_used, terms=terms, slot=self.uses_slot,
+                )  # fmt: skip
         except ModelUnavailable as exc:
             outcome, refused = "failed", exc.failure
         except Exception:

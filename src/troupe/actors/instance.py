@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from troupe.child.classify import LogKind, classify_line, describe_exit_signal, oom_device
-from troupe.child.http_threads import http_threads
+from troupe.child.http_threads import http_threads, parallel_slots
 from troupe.child.ledger import PidLedger
 from troupe.child.logring import LogRing
 from troupe.child.ports import free_port
@@ -162,7 +162,10 @@ class Instance:
         self._log.info("spawned (pid %d) on port %d: %s", proc.pid, port, " ".join(argv))
         try:
             connections = http_threads(argv, self.spec.env)
-            await self._outbox.send(Spawned(self.model, self.gen, port, proc.pid, connections))
+            slots = parallel_slots(argv, self.spec.env)  # the core caps leases at these
+            await self._outbox.send(
+                Spawned(self.model, self.gen, port, proc.pid, connections, slots=slots)
+            )
             returncode = await self._supervise(proc)
         finally:
             if proc.returncode is None:

@@ -60,6 +60,7 @@ from troupe.modellog import about
 from troupe.sched import Effect, Failure, Grant, Reply, SchedulerCore, Snapshot
 from troupe.sched.events import SchedulerEvent
 from troupe.sched.memory import MemoryLedger
+from troupe.sched.terms import DEFAULT_TERMS, TenantTerms
 
 __all__ = ["Launcher", "ModelUnavailable", "Scheduler"]
 
@@ -220,10 +221,16 @@ class Scheduler:
         autoload: bool = True,
         update_last_used: bool = True,
         ready_only: bool = False,
+        terms: TenantTerms = DEFAULT_TERMS,
+        slot: bool = False,
     ) -> tuple[int, Grant]:
-        """The two halves of `lease`, for callers that must shield only the wait."""
+        """The two halves of `lease`, for callers that must shield only the wait.
+        ``terms``: whose request; ``slot``: it occupies one of the child's slots, so it
+        waits while they are all taken (fair queuing across tenants, `troupe.sched.fair`)."""
         rid = next(self._ids)
-        if self._nursery is not None and self._core.grants_at_once(model, autoload, ready_only):
+        if self._nursery is not None and self._core.grants_at_once(
+            model, autoload, ready_only, terms, slot
+        ):
             # The hot path: a model that is up is leased right here, without a trip
             # through the inbox. Still the scheduler's own code changing its own core,
             # with no await in between, so nothing can interleave; and taking a lease
@@ -236,6 +243,8 @@ class Scheduler:
                 autoload=autoload,
                 update_last_used=update_last_used,
                 ready_only=ready_only,
+                terms=terms,
+                slot=slot,
             )
             grant = next(e.result for e in effects if isinstance(e, Reply) and e.to == rid)
             rest = [e for e in effects if not (isinstance(e, Reply) and e.to == rid)]
@@ -244,21 +253,25 @@ class Scheduler:
             assert isinstance(grant, Grant)
             return rid, grant
         send, recv = trio.open_memory_channel[Grant | Failure | None](1)
-        await self._send.send(Acquire(rid, model, autoload, update_last_used, send, ready_only))
+        await self._send.send(
+            Acquire(rid, model, autoload, update_last_used, send, ready_only, terms, slot)
+        )
         try:
             result = await recv.receive()
         except BaseException:
-            await self._release_queued(rid)  # (its Acquire may not be read yet)
+            await self._release_queued(rid, None)  # (its Acquire may not be read yet)
             raise
         if not isinstance(result, Grant):
             assert isinstance(result, Failure)
             raise ModelUnavailable(result)
         return rid, result
 
-    async def release(self, rid: int) -> None:
+    async def release(self, rid: int, tokens: int | None = None) -> None:
+        """``tokens``: what the answer used, prompt + generated (None: unknown): its
+        tenant's attained service (fair queuing)."""
         wait = self._wait
         if wait is None:  # the loop is not running
-            await self._release_queued(rid)
+            await self._release_queued(rid, tokens)
             return
         # The hot path, as acquire's: released right here, after its grant (so its
         # Acquire was read), without a trip through the inbox: the core changed in the
@@ -266,17 +279,17 @@ class Scheduler:
         # make a model idle (a TTL to wait for): the loop's wait is moved up to it.
         now = trio.current_time()
         self._replies.drop(rid)
-        self._effects.apply(self._core.release(rid, now), now)
+        self._effects.apply(self._core.release(rid, now, tokens), now)
         self._publish()
         deadline = self._core.next_deadline()
         if deadline is not None and deadline < wait.deadline:
             wait.deadline = deadline
 
-    async def _release_queued(self, rid: int) -> None:
+    async def _release_queued(self, rid: int, tokens: int | None) -> None:
         # Shielded: a cancelled request must still give back what it holds. Through the
         # inbox: behind the request's own Acquire, if that was not read yet.
         with trio.CancelScope(shield=True):
-            await self._send.send(Release(rid))
+            await self._send.send(Release(rid, tokens))
 
     async def keep_alive(self, model: str, gen: int | None, seconds: float) -> None:
         """How long ``model``'s child ``gen`` stays loaded once idle (`SchedulerCore.keep_alive`).
@@ -296,7 +309,7 @@ class Scheduler:
         try:
             await recv.receive()
         except BaseException:
-            await self._release_queued(rid)  # no longer waited for; the unload goes on
+            await self._release_queued(rid, None)  # no longer waited for; the unload goes on
             raise
 
     async def load(self, model: str) -> None:
@@ -382,10 +395,12 @@ class Scheduler:
                     autoload=msg.autoload,
                     update_last_used=msg.update_last_used,
                     ready_only=msg.ready_only,
+                    terms=msg.terms,
+                    slot=msg.slot,
                 )
             case Release():
                 self._replies.drop(msg.rid)  # an asker that gave up waiting
-                return core.release(msg.rid, now)
+                return core.release(msg.rid, now, msg.tokens)
             case KeepAlive():
                 expect(msg.rid, msg.reply)
                 return core.keep_alive(
@@ -415,7 +430,7 @@ class Scheduler:
                 return self._catalogue.rescanned(msg, core, now)
             case Spawned():
                 self._effects.child_started(msg.model, msg.gen, msg.port, msg.connections)
-                return core.spawned(msg.model, msg.gen, msg.port, msg.pid, now)
+                return core.spawned(msg.model, msg.gen, msg.port, msg.pid, now, slots=msg.slots)
             case ChildState():
                 return core.child_state(msg.model, msg.gen, msg.state, msg.payload, now)
             case Exited():

@@ -26,6 +26,7 @@ from troupe.sched.children import Children, CrashRecord, at_rest, lift_hold
 from troupe.sched.cpu import CpuLedger
 from troupe.sched.drain import DrainClock
 from troupe.sched.effects import Effect, Failure
+from troupe.sched.fair import Fair
 from troupe.sched.lru import record_demand, ttl_expiry
 from troupe.sched.measuring import MeasureQueue
 from troupe.sched.memory import MemoryLedger, MemorySample
@@ -39,7 +40,8 @@ from troupe.sched.reloads import CatalogueChanges
 from troupe.sched.requests import DirectLoad, Requests, Waiter
 from troupe.sched.settle import FAKE_TIMING_DELAY, Limits, Settler
 from troupe.sched.shutdown import Shutdown, queue_full
-from troupe.sched.table import ModelConfig, ModelTable, Snapshot
+from troupe.sched.table import ModelConfig, ModelState, ModelTable, Snapshot
+from troupe.sched.terms import DEFAULT_TERMS, TenantTerms
 from troupe.sched.views import QueueReporter, model_views
 
 __all__ = ["SchedulerCore"]
@@ -82,6 +84,8 @@ class SchedulerCore:
         self.cpu = cpu
         self.children = Children(self.table, self.outbox, self.clock, self.memory, cpu)
         self.placement = Placement(cpu, self.table, self.children, self.outbox, self.queue)
+        # Slots, tenants' attained service and max_parallel (fair queuing, sched.fair).
+        self.fair = Fair()
         self.settler = Settler(
             self.limits,
             self.table,
@@ -95,6 +99,7 @@ class SchedulerCore:
             self.projections,
             self.outbox,
             self.placement,
+            self.fair,
         )
         self.reports = ChildReports(
             self.table,
@@ -154,9 +159,13 @@ class SchedulerCore:
         autoload: bool = True,
         update_last_used: bool = True,
         ready_only: bool = False,
+        terms: TenantTerms = DEFAULT_TERMS,
+        slot: bool = False,
     ) -> list[Effect]:
         """A request wants to use ``model``; answered now or when the model is ready.
-        ``ready_only``: answered now either way, with a lease only if it is loaded."""
+        ``ready_only``: answered now either way, with a lease only if it is loaded.
+        ``terms``: whose request (sched.fair); ``slot``: it occupies one of the child's
+        slots, so it waits (fair queuing) while they are all taken."""
         self._now = now
         m = self.table.known(model)
         out = self.outbox
@@ -177,19 +186,19 @@ class SchedulerCore:
             elif m.spawn_pending:
                 out.reply(rid, Failure.unavailable("Loading model"))
             else:
-                self.settler.grant(rid, m, update_last_used, now, waited=False)
+                self._grant_or_wait(rid, m, update_last_used, now, terms, slot, autoload=False)
         elif m.phase.serves:
             if update_last_used:
-                record_demand(m, now)
-            self.settler.grant(rid, m, update_last_used, now, waited=False)
+                record_demand(m, now, self.fair.demand_step(model, terms, now))
+            self._grant_or_wait(rid, m, update_last_used, now, terms, slot, autoload=True)
         elif self.crashes.held_back(m, now):
             out.reply(rid, Failure.unavailable(self.crashes.message(m, now)))
         elif self.limits.queue_max > 0 and len(self.requests.waiters) >= self.limits.queue_max:
             out.reply(rid, queue_full(self.table, self.queue, self.requests, self.limits, model))
         else:
             if update_last_used:
-                record_demand(m, now)
-            w = Waiter(model, update_last_used, since=now)
+                record_demand(m, now, self.fair.demand_step(model, terms, now))
+            w = Waiter(model, update_last_used, since=now, terms=terms, slot=slot)
             self.requests.waiters[rid] = w
             if not m.announced:
                 # The queue entry protects the model from eviction until its waiters leave.
@@ -197,6 +206,30 @@ class SchedulerCore:
                 w.queued = True
             self._settle(now)
         return self._flush()
+
+    def _grant_or_wait(
+        self,
+        rid: int,
+        m: ModelState,
+        update_last_used: bool,
+        now: float,
+        terms: TenantTerms,
+        slot: bool,
+        *,
+        autoload: bool,
+    ) -> None:
+        """A lease on a model that serves now, unless the request needs a slot and it is
+        not its turn (all taken, others wait first, its max_parallel): then it waits."""
+        if slot and m.phase.serves and not self.fair.free_now(m, terms, self.requests):
+            w = Waiter(m.name, update_last_used, since=now, terms=terms, slot=True)
+            w.slot_wait, w.autoload = True, autoload
+            self.requests.waiters[rid] = w
+            self._settle(now)
+            return
+        # A child still loading (a request that may not load, proxied as upstream does)
+        # answers 503 itself at once: that takes none of its slots.
+        slot = slot and m.phase.serves
+        self.settler.grant(rid, m, update_last_used, now, waited=False, terms=terms, slot=slot)
 
     def not_loaded(self, model: str) -> Failure | None:
         """Upstream's refusal of a request that may not load ``model`` (``autoload``
@@ -208,21 +241,33 @@ class SchedulerCore:
             return Failure.bad_request("model is not loaded")
         return None
 
-    def grants_at_once(self, model: str, autoload: bool = True, ready_only: bool = False) -> bool:
+    def grants_at_once(
+        self,
+        model: str,
+        autoload: bool = True,
+        ready_only: bool = False,
+        terms: TenantTerms = DEFAULT_TERMS,
+        slot: bool = False,
+    ) -> bool:
         """Would `acquire` answer with a lease right away (and change nothing else)?"""
         m = self.table.known(model)
         if self.requests.closed or m is None:
             return False
         if ready_only:
             return m.child_loaded
-        if autoload:
-            return m.phase.serves
-        return m.is_running and not m.spawn_pending
+        at_once = m.phase.serves if autoload else m.is_running and not m.spawn_pending
+        if at_once and slot and m.phase.serves:
+            return self.fair.free_now(m, terms, self.requests)
+        return at_once
 
-    def release(self, rid: int, now: float) -> list[Effect]:
-        """A request is done with its lease, or gave up waiting (disconnect, timeout)."""
+    def release(self, rid: int, now: float, tokens: int | None = None) -> list[Effect]:
+        """A request is done with its lease, or gave up waiting (disconnect, timeout).
+        ``tokens``: what its answer used, prompt + generated (None: unknown), its
+        tenant's attained service (sched.fair)."""
         requests = self.requests
         lease = requests.leases.pop(rid, None)
+        if lease is not None and lease.slot:
+            self.fair.released(lease.model, lease.gen, lease.tenant, tokens, now)
         if lease is not None:
             m = self.table.current(lease.model, lease.gen)
             if m is not None and m.in_flight > 0:
@@ -310,7 +355,13 @@ class SchedulerCore:
 
     # ----- child events ---------------------------------------------------------------
 
-    def spawned(self, model: str, gen: int, port: int, pid: int, now: float) -> list[Effect]:
+    def spawned(
+        self, model: str, gen: int, port: int, pid: int, now: float, *, slots: int | None = None
+    ) -> list[Effect]:
+        """Child ``gen`` started; ``slots``: the requests it serves at once (its
+        ``--parallel``; None: llama-server's default, `sched.fair.DEFAULT_SLOTS`)."""
+        if slots is not None and self.table.current(model, gen) is not None:
+            self.fair.learn_slots(model, gen, slots)
         if self.reports.spawned(model, gen, port, pid, now):
             self._settle(now)
         return self._flush()
@@ -487,7 +538,13 @@ class SchedulerCore:
         self._version += 1
         return Snapshot(
             version=self._version,
-            models=model_views(self.table, self.queue, self.memory, self.projections),
+            models=model_views(
+                self.table,
+                self.queue,
+                self.memory,
+                self.projections,
+                {m.name: self.fair.slots_of(m) for m in self.table},
+            ),
             models_max=self.limits.models_max,
             queue=tuple((e.model, e.waiters) for e in self.queue.entries),
             devices=self.memory.sample.devices if self.memory and self.memory.sample else (),

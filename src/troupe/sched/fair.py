@@ -21,8 +21,10 @@ When a slot frees, the next grant goes, among the requests waiting for that mode
 
 A tenant passed over `MAX_BYPASS` times in a row by grants to tenants of its own
 priority, while it had an earlier request that could have taken the slot, goes first
-next (within its priority): no backlogged tenant waits forever, whatever the others'
-service. ``max_parallel`` is never exceeded: such a request waits.
+next (within its priority; among several such, the one passed over most): no
+backlogged tenant waits forever, whatever the others' service. It is passed over at
+most ``MAX_BYPASS + tenants - 1`` times (each other tenant passed over as often goes
+once first). ``max_parallel`` is never exceeded: such a request waits.
 
 Nothing here runs on a timer: service decays lazily when read, and a tenant with
 nothing queued and nothing in flight holds no entry but its decaying service figure
@@ -72,8 +74,9 @@ _PRUNE_AT = 64  # entries kept before negligible ones are dropped
 class Fair:
     """The per-tenant part of the core: attained service, slot counts, bypasses."""
 
-    def __init__(self, half_life: float = HALF_LIFE) -> None:
+    def __init__(self, half_life: float = HALF_LIFE, max_bypass: int = MAX_BYPASS) -> None:
         self._decay = math.log(2) / half_life
+        self.max_bypass = max_bypass
         self._service: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, as of)
         # Tokens an answer whose usage is unknown is charged, and what a request in
         # flight counts for: the mean of the known answers (a running average).
@@ -125,10 +128,10 @@ class Fair:
         return True
 
     def free_now(self, m: ModelState, terms: TenantTerms, requests: Requests) -> bool:
-        """Would a new slot-using request for ``m`` be granted at once: nobody waits for
-        one of its slots, and this one may take one."""
-        if any(w.slot_wait and w.model == m.name for w in requests.waiters.values()):
-            return False
+        """Would a new slot-using request for ``m`` be granted at once? Whenever it may
+        take a slot: after every event `grant_waiting` has run, so a request still
+        waiting for one of ``m``'s slots is one that may not take the free ones (its
+        max_parallel, a slot kept for a class above its own), and nobody goes first."""
         return self.admits(m, terms, requests)
 
     def granted(self, m: ModelState, tenant: str) -> None:
@@ -210,16 +213,22 @@ class Fair:
                 self._bypassed.pop(w.terms.tenant, None)
                 group.remove((rid, w))
                 grant(rid, w, m)
-        if self._bypassed:
-            waiting = {w.terms.tenant for w in requests.waiters.values() if w.slot_wait}
+        if self._bypassed:  # a tenant with nobody waiting is forgotten
+            waiting = {w.terms.tenant for w in requests.waiters.values()}
             self._bypassed = {t: n for t, n in self._bypassed.items() if t in waiting}
 
     def bypassed(self, tenant: str) -> int:
         return self._bypassed.get(tenant, 0)
 
-    def _order(self, rid: int, terms: TenantTerms, now: float) -> tuple[int, bool, float, int]:
-        forced = self._bypassed.get(terms.tenant, 0) >= MAX_BYPASS
-        return (-terms.priority, not forced, self.share(terms, now), rid)
+    @property
+    def remembers_bypasses(self) -> bool:
+        """Some tenant's bypass count is kept (forgotten once it has nobody waiting)."""
+        return bool(self._bypassed)
+
+    def _order(self, rid: int, terms: TenantTerms, now: float) -> tuple[int, int, float, int]:
+        passed = self._bypassed.get(terms.tenant, 0)
+        urgency = passed if passed >= self.max_bypass else 0  # passed over too often
+        return (-terms.priority, -urgency, self.share(terms, now), rid)
 
     # ----- demand by tenant -----------------------------------------------------------------
 

@@ -18,6 +18,8 @@ import hmac
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from troupe.sched.terms import TenantTerms  # the core's own type: sched imports no tenants
+
 __all__ = ["DEFAULT_CLASS", "Limits", "Tenant", "TenantClass", "TenantTerms", "Tenants"]
 
 DEFAULT_CLASS = "default"
@@ -53,17 +55,6 @@ class Tenant:
 
     def may_use(self, model: str) -> bool:
         return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
-
-
-@dataclass(frozen=True, slots=True)
-class TenantTerms:
-    """What the scheduler's core needs of a tenant, as plain values."""
-
-    tenant: str = ""
-    weight: float = 1.0
-    priority: int = 0
-    reserved_slots: int = 0
-    max_parallel: int | None = None
 
 
 @dataclass(frozen=True)
@@ -154,4 +145,8 @@ class Tenants:
             priority=k.priority,
             reserved_slots=k.reserved_slots,
             max_parallel=tenant.limits.max_parallel,
+            # Slots per model the classes ranked above this one keep for themselves.
+            held_back=sum(
+                c.reserved_slots for c in self.classes.values() if c.priority > k.priority
+            ),
         )

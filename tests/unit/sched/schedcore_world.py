@@ -35,9 +35,11 @@ from troupe.sched import (
     Stop,
 )
 from troupe.sched.effects import Reloaded
+from troupe.sched.fair import DEFAULT_SLOTS
 from troupe.sched.lru import demand, evictions_needed, pick_victim
 from troupe.sched.placement import WIDEN_AFTER
 from troupe.sched.reasons import StopCause, StopReason
+from troupe.sched.terms import TenantTerms
 
 __all__ = ["CRASH_LIMIT", "CRASH_WINDOW", "REPORTED", "Ask", "Child", "World"]
 
@@ -75,6 +77,8 @@ class Ask:
     autoload: bool = True
     post: bool = True  # a POST: using the model makes it recently used (upstream's last_used)
     step: int = 0  # the step it arrived in (a reply in a later step means it waited)
+    tenant: int = 0  # whose request: an index into World.tenants
+    slot: bool = False  # it occupies one of the child's slots (fair queuing)
 
 
 class World:
@@ -117,6 +121,13 @@ class World:
         self.models_max = 0
         self.fake_timing = False
         self.queue_max = 0
+        # Fair queuing: the tenants requests come from, each child's slots, and for each
+        # slot-using lease its tenant; how often each waiting tenant was passed over.
+        self.tenants: list[TenantTerms] = [TenantTerms()]
+        self.slots = DEFAULT_SLOTS
+        self.slot_leases: dict[int, tuple[str, int, int]] = {}  # rid -> model, gen, tenant
+        self.bypassed: dict[int, int] = {}
+        self.max_bypass = 32
 
     # ----- the world's own bookkeeping ----------------------------------------------------
 
@@ -126,10 +137,80 @@ class World:
         self.step_no += 1
         return self.now
 
-    def ask(self, kind: str, model: str, autoload: bool = True, post: bool = True) -> int:
+    def ask(
+        self,
+        kind: str,
+        model: str,
+        autoload: bool = True,
+        post: bool = True,
+        tenant: int = 0,
+        slot: bool = False,
+    ) -> int:
         rid = next(self.rids)
-        self.waiting[rid] = Ask(kind, model, autoload, post, self.step_no + 1)
+        self.waiting[rid] = Ask(kind, model, autoload, post, self.step_no + 1, tenant, slot)
         return rid
+
+    # ----- fair queuing, as the world sees it -------------------------------------------------
+
+    def tenant_slots(self, tenant: int) -> int:
+        return sum(1 for _, _, t in self.slot_leases.values() if t == tenant)
+
+    def slot_free(self, model: str, tenant: int) -> bool:
+        """May a slot-using request of ``tenant`` take a slot of ``model``'s child now: a
+        free slot, under its max_parallel, not one kept for a class above its own."""
+        child = self.children.get(model)
+        if child is None:
+            return False
+        terms = self.tenants[tenant]
+        on = [t for m, g, t in self.slot_leases.values() if (m, g) == (model, child.gen)]
+        if len(on) >= self.slots:
+            return False
+        if terms.max_parallel is not None and self.tenant_slots(tenant) >= terms.max_parallel:
+            return False
+        kept = min(terms.held_back, self.slots - 1)
+        above = sum(1 for t in on if self.tenants[t].priority > terms.priority)
+        return self.slots - len(on) > max(0, kept - above)
+
+    def serves(self, model: str) -> bool:
+        """Its child takes new leases (up, not stopping, not draining)."""
+        assert self.core is not None
+        child = self.children.get(model)
+        if child is None or not child.started or child.stop is not None:
+            return False
+        return self.core.table.models[model].phase.serves
+
+    def check_slot_grant(self, rid: int, ask: Ask, grant: Grant) -> None:
+        """A slot of ``grant.model`` went to ``rid``: nobody of a higher class that could
+        have taken it waits, and every tenant of its class with an earlier request that
+        could have taken it is passed over once more, never more than the bound."""
+        tenant = self.tenants[ask.tenant]
+        for other, a in self.waiting.items():
+            if a.kind != "acquire" or not a.slot or a.model != grant.model:
+                continue
+            if not self.slot_free(a.model, a.tenant):
+                continue
+            terms = self.tenants[a.tenant]
+            assert terms.priority <= tenant.priority, (
+                f"{rid} ({tenant}) took a slot while {other} ({terms}) of a higher class waits"
+            )
+        passed = {
+            a.tenant
+            for other, a in self.waiting.items()
+            if a.kind == "acquire"
+            and a.slot
+            and a.model == grant.model
+            and other < rid
+            and a.tenant != ask.tenant
+            and self.tenants[a.tenant].priority == tenant.priority
+            and self.slot_free(a.model, a.tenant)
+        }
+        for t in passed:
+            self.bypassed[t] = self.bypassed.get(t, 0) + 1
+            bound = self.max_bypass + len(self.tenants) - 1
+            assert self.bypassed[t] <= bound, (
+                f"tenant {t} passed over {self.bypassed[t]} times (bound {bound})"
+            )
+        self.bypassed.pop(ask.tenant, None)
 
     def held(self, model: str) -> bool:
         """The crash-loop rule, independently: CRASH_LIMIT unexpected exits closer than
@@ -213,6 +294,8 @@ class World:
         self.check_stops([e for e in effects if isinstance(e, Stop)])
         self.check_nothing_left_undone()
         self.check_lanes()
+        waiting = {a.tenant for a in self.waiting.values() if a.kind == "acquire"}
+        self.bypassed = {t: n for t, n in self.bypassed.items() if t in waiting}
         for name in list(self.replanning):  # a second start called off (unload, shutdown)
             back = self.core.table.models[name].phase is Phase.REPLANNING
             if not back and name not in self.children:
@@ -327,6 +410,16 @@ class World:
                 assert child.status in (Status.LOADED, Status.SLEEPING), (e, child)
                 assert child.stop is None, f"grant on a stopping model: {e}"
             assert r.waited == (ask.step != self.step_no), (e, ask, self.step_no)
+            lease = self.core.requests.leases[e.to] if self.core is not None else None
+            assert lease is not None
+            # A grant with autoload is of a child that serves: a slot is taken. Without,
+            # one still loading answers 503 itself and takes none.
+            if ask.slot and ask.autoload:
+                assert lease.slot, (e, ask, lease)
+            assert ask.slot or not lease.slot, (e, ask, lease)
+            if lease.slot:
+                self.check_slot_grant(e.to, ask, r)
+                self.slot_leases[e.to] = (r.model, r.gen, ask.tenant)
             self.leases[e.to] = (r.model, r.gen)
             if ask.post:
                 self.last_used[r.model] = self.now
@@ -485,6 +578,12 @@ class World:
             if m.status is Status.UNLOADED and not m.spawn_pending and not held and not retry:
                 # It may wait for its CPU lane only while a wider child is being narrowed.
                 assert self.replan_under_way(), f"{first} is next in line, could load, waits"
+        for rid, a in self.waiting.items():
+            # Fair queuing is work-conserving: a slot free to a waiting request is taken.
+            if a.kind == "acquire" and a.slot and self.serves(a.model):
+                assert not self.slot_free(a.model, a.tenant), (
+                    f"{rid} ({self.tenants[a.tenant]}) waits while {a.model} has a slot for it"
+                )
         need = evictions_needed(core.table.models, core.queue, core.models_max)
         if need > 0:
             victim = pick_victim(core.table.models, core.queue, now=core.clock.demand_now(self.now))
@@ -553,7 +652,7 @@ class World:
         if child.status is Status.UNLOADED:
             child.status = Status.LOADING
             self.last_used[model] = now  # a delayed spawn starts loading only now
-        self.step(self.core.spawned(model, child.gen, port, port + 1, now))
+        self.step(self.core.spawned(model, child.gen, port, port + 1, now, slots=self.slots))
         upstream = self.upstream_events(model)
         if said_loading:
             assert upstream == [], "loading was announced with the Spawn"

@@ -49,6 +49,7 @@ from troupe.sched import (
 )
 from troupe.sched.cpu import CpuCore, CpuLedger, CpuTopology
 from troupe.sched.reasons import StopCause, StopReason
+from troupe.sched.terms import TenantTerms
 
 NAMES = ("m0", "m1", "m2", "m3", "m4")
 LOADING_PAYLOADS = st.sampled_from(
@@ -74,6 +75,12 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         queue_max=st.sampled_from([0, 0, 0, 4]),
         drain_after=st.sampled_from([None, None, 3.0]),
         cores=st.sampled_from([None, None, 2, 3]),
+        slots=st.sampled_from([1, 2, 4]),
+        priorities=st.lists(st.sampled_from([0, 0, 1]), min_size=3, max_size=3),
+        reserved=st.sampled_from([0, 1]),
+        max_parallel=st.lists(st.sampled_from([None, None, 1, 2]), min_size=3, max_size=3),
+        weights=st.lists(st.sampled_from([1.0, 2.0]), min_size=3, max_size=3),
+        max_bypass=st.sampled_from([1, 2, 32]),
     )
     def setup(
         self,
@@ -86,6 +93,12 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         queue_max: int,
         drain_after: float | None,
         cores: int | None,
+        slots: int,
+        priorities: list[int],
+        reserved: int,
+        max_parallel: list[int | None],
+        weights: list[float],
+        max_bypass: int,
     ) -> None:
         # A pinned model never also has a TTL here: which of the two wins is a policy
         # question, not one of the invariants checked.
@@ -111,6 +124,21 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             if cores
             else None,
         )
+        # Three tenants (fair queuing): priority 1 is a class that keeps ``reserved``
+        # slots per model for itself; tenant 0 is sometimes the keyless "" tenant.
+        self.slots = slots
+        self.max_bypass = self.core.fair.max_bypass = max_bypass
+        self.tenants = [
+            TenantTerms(
+                f"t{i}" if i or weights[0] == 1.0 else "",
+                weight=weights[i],
+                priority=priorities[i],
+                reserved_slots=reserved if priorities[i] else 0,
+                max_parallel=max_parallel[i],
+                held_back=reserved if not priorities[i] and 1 in priorities else 0,
+            )
+            for i in range(3)
+        ]
         self.gen = dict.fromkeys(self.names, 0)
         self.crashes = {name: [] for name in self.names}
         # Start some models up front, so that full and busy tables are common.
@@ -136,19 +164,30 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         i=st.integers(0, 4),
         autoload=st.sampled_from([True, True, True, False]),
         post=st.booleans(),
+        tenant=st.integers(0, 2),
+        slot=st.sampled_from([True, True, False]),
     )
-    def acquire(self, i: int, autoload: bool, post: bool) -> None:
+    def acquire(self, i: int, autoload: bool, post: bool, tenant: int, slot: bool) -> None:
         assert self.core is not None
         model = self.names[i % len(self.names)]
         child = self.children.get(model)
         waiting_before = sum(1 for a in self.waiting.values() if a.kind == "acquire")
-        rid = self.ask("acquire", model, autoload, post)
+        terms = self.tenants[tenant]
+        # Fair queuing: a slot-using request for a child that serves waits while no slot
+        # is free to it (the world's own count).
+        no_slot = slot and self.serves(model) and not self.slot_free(model, tenant)
+        rid = self.ask("acquire", model, autoload, post, tenant, slot)
         now = self.tick()
         held = child is None and self.held(model)
-        at_once = self.core.grants_at_once(model, autoload)  # the actor's inline fast path
+        # the actor's inline fast path
+        at_once = self.core.grants_at_once(model, autoload, terms=terms, slot=slot)
         view = self.core.snapshot().models.get(model)
         drained = view is not None and view.draining_for is not None  # no new lease
-        self.step(self.core.acquire(rid, model, now, autoload=autoload, update_last_used=post))
+        self.step(
+            self.core.acquire(
+                rid, model, now, autoload=autoload, update_last_used=post, terms=terms, slot=slot
+            )
+        )
         r = self.replies_to(rid)
         if at_once:
             assert isinstance(self.one_result(r), Grant), r
@@ -157,12 +196,16 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         elif not autoload:
             if child is None:
                 assert [x.result for x in r] == [Failure.bad_request("model is not loaded")]
+            elif no_slot:
+                assert r == [], r  # it waits for a slot of the child
             elif child.started:
                 assert isinstance(self.one_result(r), Grant), r
             elif not child.delayed:  # "loading" but no port yet: the child's own answer
                 assert [x.result.status for x in r] == [503], r  # type: ignore[union-attr]
         elif drained and autoload and not (self.queue_max > 0 and waiting_before >= self.queue_max):
             assert r == [], r  # it queues for the next instance, behind the starving model
+        elif no_slot:
+            assert r == [], r  # every slot it may take is taken: it waits its turn
         elif (
             not drained
             and child is not None
@@ -188,17 +231,19 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             assert r == [], f"{model} is not ready, yet {rid} was answered at once: {r}"
 
     # Arrivals are the common event: weigh them up against the admin calls below.
-    @rule(i=st.integers(0, 2))
-    def acquire_again(self, i: int) -> None:
-        self.acquire(i, autoload=True, post=True)
+    @rule(i=st.integers(0, 2), tenant=st.integers(0, 2))
+    def acquire_again(self, i: int, tenant: int) -> None:
+        self.acquire(i, autoload=True, post=True, tenant=tenant, slot=True)
 
     @precondition(lambda self: self.leases)
-    @rule(i=st.integers(0, 50))
-    def release_lease(self, i: int) -> None:
+    @rule(i=st.integers(0, 50), tokens=st.sampled_from([None, 0, 40, 400]))
+    def release_lease(self, i: int, tokens: int | None) -> None:
+        """A lease ends; its answer used ``tokens`` (None: unknown)."""
         assert self.core is not None
         rid = sorted(self.leases)[i % len(self.leases)]
         del self.leases[rid]
-        self.step(self.core.release(rid, self.tick()))
+        self.slot_leases.pop(rid, None)
+        self.step(self.core.release(rid, self.tick(), tokens))
         assert self.replies_to(rid) == []
 
     @precondition(lambda self: self.children)
@@ -479,6 +524,25 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             assert len(self.children) <= self.models_max, self.children
 
     @invariant()
+    def slots_and_max_parallel_hold(self) -> None:
+        """Never more slot-using leases on a child than its slots, nor of a tenant than its
+        max_parallel (the core's own leases, against the world's figures)."""
+        if self.core is None:
+            return
+        on: dict[tuple[str, int], int] = {}
+        of: dict[str, int] = {}
+        for lease in self.core.requests.leases.values():
+            if lease.slot:
+                on[(lease.model, lease.gen)] = on.get((lease.model, lease.gen), 0) + 1
+                of[lease.tenant] = of.get(lease.tenant, 0) + 1
+        for child, n in on.items():
+            assert n <= self.slots, (child, n, self.slots)
+        for terms in self.tenants:
+            if terms.max_parallel is not None:
+                assert of.get(terms.tenant, 0) <= terms.max_parallel, (terms, of)
+        assert sum(on.values()) == len(self.slot_leases), (on, self.slot_leases)
+
+    @invariant()
     def queue_is_fifo(self) -> None:
         if self.core is None:
             return
@@ -586,6 +650,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             for rid in sorted(self.leases):
                 moved = True
                 del self.leases[rid]
+                self.slot_leases.pop(rid, None)
                 self.step(self.core.release(rid, self.tick()))
             self.running_within_limit()
             self.queue_is_fifo()

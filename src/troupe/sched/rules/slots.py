@@ -14,13 +14,15 @@ __all__ = ["SlotGrants"]
 class SlotGrants(Rule):
     def due(self) -> bool:
         # Nobody waiting: only the bypass counts of tenants no longer waiting to forget.
-        return bool(self.p.requests.waiters) or bool(self.p.fair._bypassed)
+        return bool(self.p.requests.waiters) or self.p.fair.remembers_bypasses
 
     def run(self, now: float) -> None:
         p = self.p
 
         def grant(rid: int, w: Waiter, m: ModelState) -> None:
             del p.requests.waiters[rid]
+            if w.queued:
+                p.queue.leave(w.model)
             p.grant(rid, m, w.update_last_used, now, waited=now > w.since, terms=w.terms, slot=True)
 
         p.fair.grant_waiting(p.table, p.requests, now, grant)
