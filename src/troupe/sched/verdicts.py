@@ -18,6 +18,7 @@ __all__ = [
     "NO_LANE",
     "NO_SLOT",
     "STOPPING",
+    "WAITING_FOR_SLOT",
     "GateVerdict",
     "Load",
     "Refuse",
@@ -30,6 +31,7 @@ __all__ = [
 LOADING = "loading"
 STOPPING = "waiting for a model to stop"
 NO_SLOT = "waiting for a slot: every loaded model is busy or pinned"
+WAITING_FOR_SLOT = "waiting for one of its instance's slots (fair queuing across tenants)"
 NO_LANE = "waiting for a CPU lane"
 
 
