@@ -21,6 +21,7 @@ from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
 from troupe.kvstore import cached_held, tokens_held
 from troupe.lease import NO_SLOT, Lease, autoload_flag
+from troupe.ops.access import read_usage
 from troupe.proxy.relay import ChildLost, RelayReport
 from troupe.router import Router
 from troupe.sched import Snapshot, Status
@@ -149,6 +150,8 @@ async def _relay(ctx: Router, ex: Exchange | AfterHead, held: Lease, report: Rel
         if hold is not None and hold.slot is not None:
             hold.tokens = tokens_held(report.tail)  # what the slot holds now
             hold.cached = cached_held(report.tail)  # what it reused (a restore's check)
+    if held.record is not None and report.tail:
+        read_usage(report.tail, held.record)  # the release reports them (fair queuing)
 
 
 async def handle_proxy_post(ctx: Router, ex: Exchange) -> None:
