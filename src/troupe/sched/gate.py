@@ -6,8 +6,6 @@ and memory admission on, the slot of an idle model already on its way out.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 from troupe.sched.admission import Admit, Evict, MemoryAdmission
 from troupe.sched.children import Children
 from troupe.sched.drain import DrainClock
@@ -71,10 +69,11 @@ class LoadGate:
         table = self._table
         draining = next((o.name for o in table if o.draining_for == m.name), None)
         if draining is not None:
-            return Wait(f"waiting for {draining} to finish its requests (swapped out for it)")
+            why = f"waiting for {draining} to finish its requests (swapped out for it)"
+            return Wait(why, otherwise)
         if table.any_stopping():
-            return Wait(STOPPING)
-        return Wait(otherwise)
+            return Wait(STOPPING, otherwise)
+        return Wait(otherwise, otherwise)
 
     def _starts_beside_leaving(self, m: ModelState) -> bool:
         """With fair admission and memory admission on, a model takes the slot of an idle
@@ -97,7 +96,7 @@ class LoadGate:
             # A model of unknown need holds memory neither the ledger nor (before it is
             # up) a reading counts: the reading cannot show room for both.
             return False
-        fits = memory.fits_now(m.name, holders, m.config)
+        fits = memory.fits_now(m.name, holders)
         if fits is None:
             self._children.ask_memory()  # normally asked for already, when the victim was told
             return False
@@ -125,29 +124,16 @@ class LoadGate:
             name,
             table.memory_holders(),
             stopping=table.any_stopping(),
-            victim=lambda devices: pick_victim(
-                table.models,
-                self._queue,
-                exclude=(name, *self._elsewhere(memory, devices)),
-            ),
-            config=m.config,
+            victim=lambda: pick_victim(table.models, self._queue, exclude=(name,)),
         )
         if read:
             self._children.ask_memory()
         if isinstance(verdict, Evict):
             cause = StopCause(StopReason.MEMORY, name)
             self._children.stop(table.models[verdict.victim], cause, now)
-            return Wait(STOPPING)
+            return Wait(STOPPING, "waiting for memory")
         if isinstance(verdict, Admit):
             if verdict.warning is not None:
                 self._out.emit(MemoryWarning(name, verdict.warning))
             return Load()
         return self.wait(m, "waiting for memory")
-
-    def _elsewhere(self, memory: MemoryAdmission, devices: Collection[str]) -> list[str]:
-        """Running models that hold nothing on ``devices``: evicting one frees no room
-        where it is needed."""
-        ledger = memory.ledger
-        return [
-            o.name for o in self._table if o.is_running and not ledger.holds_on(o.name, devices)
-        ]

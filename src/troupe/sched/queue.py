@@ -26,6 +26,9 @@ class QueueEntry:
     # Why its requests wait, in words: recorded by the settle rule that last decided for
     # it (`troupe.sched.rules`); /models and troupe_queue events show it as it is.
     reason: str = "waiting"
+    # The gate's own reason, before what frees room first (a drain, a stop) is said: the
+    # `Explain` rule says it again once every rule of the settle has run.
+    gated: str | None = None
 
 
 @attrs.define

@@ -17,8 +17,8 @@ __all__ = [
     "LOADING",
     "NO_LANE",
     "NO_SLOT",
+    "RELOADING",
     "STOPPING",
-    "WAITING_FOR_SLOT",
     "GateVerdict",
     "Load",
     "Refuse",
@@ -31,8 +31,8 @@ __all__ = [
 LOADING = "loading"
 STOPPING = "waiting for a model to stop"
 NO_SLOT = "waiting for a slot: every loaded model is busy or pinned"
-WAITING_FOR_SLOT = "waiting for one of its instance's slots (fair queuing across tenants)"
 NO_LANE = "waiting for a CPU lane"
+RELOADING = "waiting for a reload to finish"
 
 
 @attrs.frozen
@@ -53,6 +53,8 @@ class Load:
 @attrs.frozen
 class Wait:
     reason: str  # in words, for /models and troupe_queue events
+    # From the gate: what it waits for when nothing frees room first (`LoadGate.wait`).
+    gated: str | None = None
 
 
 GateVerdict = Load | Wait

@@ -16,6 +16,7 @@ from __future__ import annotations
 from troupe.sched.rules.direct import AfterCallOff, DirectLoads
 from troupe.sched.rules.drain import StopDrained, call_off_drains, drained_for, start_drain
 from troupe.sched.rules.evict import Evictions
+from troupe.sched.rules.explain import Explain
 from troupe.sched.rules.measure import MeasureNext
 from troupe.sched.rules.narrow import Narrow
 from troupe.sched.rules.oom_retry import OomRetry
@@ -72,6 +73,8 @@ RULES: tuple[type[Rule], ...] = (
     # With every claim made, evict for the rest of the queue; the drain clock learns
     # whether the queue starves.
     Evictions,
+    # After every start, stop and drain above: the reasons the queue's entries show.
+    Explain,
     # Projections go to the models the loads and the queue wait for, as now decided.
     MeasureNext,
     # Last, after every stop above: those waiting for a child's end, then a shutdown.

@@ -12,7 +12,6 @@ from troupe.sched.lru import evictions_needed, pick_victim
 from troupe.sched.phase import Phase
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.rules.parts import Parts, Rule
-from troupe.sched.verdicts import NO_SLOT, STOPPING
 
 __all__ = ["Evictions"]
 
@@ -40,18 +39,12 @@ class Evictions(Rule):
         ]
         self._prefetch([e.model for e in needy])
         starving = False
-        evicted = False
         for e in needy[len(needy) - need :] if need > 0 else []:
             victim = pick_victim(table.models, queue, now=p.clock.demand_now(now))
             if victim is None:
                 starving = True  # everything left is busy or pinned
                 break
             p.children.stop(table.models[victim], StopCause(StopReason.LRU, e.model), now)
-            evicted = True
-        if evicted:
-            for e in needy:  # the slot freed goes to the first in line
-                if e.reason == NO_SLOT:
-                    e.reason = STOPPING
         draining = table.in_phase(Phase.DRAINING)
         quiet = not p.requests.closed and not p.changes.reloading and not draining
         p.clock.observe(now, starving=starving, quiet=quiet)

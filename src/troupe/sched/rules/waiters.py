@@ -14,15 +14,7 @@ from troupe.sched.phase import Phase
 from troupe.sched.requests import Waiter
 from troupe.sched.rules.drain import call_off_drains
 from troupe.sched.rules.parts import Parts, Rule
-from troupe.sched.verdicts import (
-    LOADING,
-    WAITING_FOR_SLOT,
-    Load,
-    Refuse,
-    Serve,
-    Wait,
-    WaiterVerdict,
-)
+from troupe.sched.verdicts import LOADING, RELOADING, Load, Refuse, Serve, Wait, WaiterVerdict
 
 __all__ = ["Waiters", "judge"]
 
@@ -53,26 +45,21 @@ class Waiters(Rule):
         if isinstance(verdict, Wait):
             if w.queued and (entry := p.queue.find(name)) is not None:
                 entry.reason = LOADING if entry.loading else verdict.reason
+                entry.gated = None if entry.loading else verdict.gated
             return
         if isinstance(verdict, Serve) and w.slot:
             # It takes one of the child's slots: `SlotGrants` (sched.fair) grants it when
-            # one is free and it is its turn. Meanwhile it keeps a share of its model's
-            # entry, marked as holding its model (no other load waits behind it), so the
-            # model is neither evicted nor expired while requests wait for it.
-            if not w.queued:
-                p.queue.join(name)
-                w.queued = True
-            entry = p.queue.find(name)
-            assert entry is not None
-            entry.loading, entry.reason = True, WAITING_FOR_SLOT
-            w.did_load = w.saw_loading = False
+            # one is free and it is its turn; it no longer needs the queue's entry.
+            if w.queued:
+                p.queue.leave(name)
+            w.queued = w.did_load = w.saw_loading = False
             w.slot_wait = True
             return
         if isinstance(verdict, Load):
             p.queue.claim(name)
             entry = p.queue.find(name)
             assert entry is not None
-            entry.reason = LOADING
+            entry.reason, entry.gated = LOADING, None
             w.did_load = True
             # Upstream's load() sleeps here under LLAMA_SERVER_DEBUG_FAKE_TIMING (a direct
             # POST /models/load waits it out before it picks a victim: `DirectLoad.not_before`).
@@ -122,6 +109,8 @@ def judge(p: Parts, w: Waiter, now: float) -> WaiterVerdict:
         return Wait(LOADING)
     if phase is Phase.DELAYED:
         return Wait(LOADING)  # claimed: waiting out fake timing
+    if (phase is Phase.RETRYING or phase is Phase.REPLANNING) and p.changes.reloading:
+        return Wait(RELOADING)  # started again once the reload is done
     if phase is Phase.RETRYING:
         return Wait("waiting to load again once the models evicted for it are gone")
     if phase is Phase.REPLANNING:
@@ -136,7 +125,7 @@ def judge(p: Parts, w: Waiter, now: float) -> WaiterVerdict:
     if p.crashes.held_back(m, now):
         return Refuse(Failure.unavailable(p.crashes.message(m, now)))
     if p.changes.reloading:
-        return Wait("waiting for a reload to finish")
+        return Wait(RELOADING)
     if not p.queue.can_claim(name):
         first = p.queue.next_to_claim()
         return Wait(f"in line behind {first.model}" if first is not None else LOADING)
