@@ -6,6 +6,8 @@ and memory admission on, the slot of an idle model already on its way out.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from troupe.sched.admission import Admit, Evict, MemoryAdmission
 from troupe.sched.children import Children
 from troupe.sched.drain import DrainClock
@@ -96,7 +98,7 @@ class LoadGate:
             # A model of unknown need holds memory neither the ledger nor (before it is
             # up) a reading counts: the reading cannot show room for both.
             return False
-        fits = memory.fits_now(m.name, holders)
+        fits = memory.fits_now(m.name, holders, m.config)
         if fits is None:
             self._children.ask_memory()  # normally asked for already, when the victim was told
             return False
@@ -124,7 +126,12 @@ class LoadGate:
             name,
             table.memory_holders(),
             stopping=table.any_stopping(),
-            victim=lambda: pick_victim(table.models, self._queue, exclude=(name,)),
+            victim=lambda devices: pick_victim(
+                table.models,
+                self._queue,
+                exclude=(name, *self._elsewhere(memory, devices)),
+            ),
+            config=m.config,
         )
         if read:
             self._children.ask_memory()
@@ -137,3 +144,11 @@ class LoadGate:
                 self._out.emit(MemoryWarning(name, verdict.warning))
             return Load()
         return self.wait(m, "waiting for memory")
+
+    def _elsewhere(self, memory: MemoryAdmission, devices: Collection[str]) -> list[str]:
+        """Running models that hold nothing on ``devices``: evicting one frees no room
+        where it is needed."""
+        ledger = memory.ledger
+        return [
+            o.name for o in self._table if o.is_running and not ledger.holds_on(o.name, devices)
+        ]

@@ -19,6 +19,7 @@ __all__ = [
     "NO_SLOT",
     "RELOADING",
     "STOPPING",
+    "WAITING_FOR_SLOT",
     "GateVerdict",
     "Load",
     "Refuse",
@@ -31,6 +32,7 @@ __all__ = [
 LOADING = "loading"
 STOPPING = "waiting for a model to stop"
 NO_SLOT = "waiting for a slot: every loaded model is busy or pinned"
+WAITING_FOR_SLOT = "waiting for one of its instance's slots (fair queuing across tenants)"
 NO_LANE = "waiting for a CPU lane"
 RELOADING = "waiting for a reload to finish"
 

@@ -14,7 +14,16 @@ from troupe.sched.phase import Phase
 from troupe.sched.requests import Waiter
 from troupe.sched.rules.drain import call_off_drains
 from troupe.sched.rules.parts import Parts, Rule
-from troupe.sched.verdicts import LOADING, RELOADING, Load, Refuse, Serve, Wait, WaiterVerdict
+from troupe.sched.verdicts import (
+    LOADING,
+    RELOADING,
+    WAITING_FOR_SLOT,
+    Load,
+    Refuse,
+    Serve,
+    Wait,
+    WaiterVerdict,
+)
 
 __all__ = ["Waiters", "judge"]
 
@@ -49,10 +58,16 @@ class Waiters(Rule):
             return
         if isinstance(verdict, Serve) and w.slot:
             # It takes one of the child's slots: `SlotGrants` (sched.fair) grants it when
-            # one is free and it is its turn; it no longer needs the queue's entry.
-            if w.queued:
-                p.queue.leave(name)
-            w.queued = w.did_load = w.saw_loading = False
+            # one is free and it is its turn. Meanwhile it keeps a share of its model's
+            # entry, marked as holding its model (no other load waits behind it), so the
+            # model is neither evicted nor expired while requests wait for it.
+            if not w.queued:
+                p.queue.join(name)
+                w.queued = True
+            entry = p.queue.find(name)
+            assert entry is not None
+            entry.loading, entry.reason = True, WAITING_FOR_SLOT
+            w.did_load = w.saw_loading = False
             w.slot_wait = True
             return
         if isinstance(verdict, Load):
