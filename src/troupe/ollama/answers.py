@@ -63,6 +63,7 @@ class Answer:
         self.thinking: list[str] = []
         self._calls: dict[int, Json] = {}
         self._calls_sent = False
+        self.written = False  # the whole answer went to the client (its last line)
         self.finish: str | None = None
         self.prompt_n: int | None = None
         self.predicted_n: int | None = None

@@ -28,6 +28,7 @@ from troupe.lease import Lease, autoload_flag
 from troupe.ollama.keepalive import BadKeepAlive, parse_keep_alive
 from troupe.ollama.names import resolve
 from troupe.ops.access import AccessRecord
+from troupe.proxy.relay import RelayReport
 from troupe.router import Router
 from troupe.sched import Failure, Grant
 
@@ -133,12 +134,15 @@ async def lease(
     work: Leased,
     tokens: Callable[[AccessRecord], None] | None = None,
     herald: Herald | None = None,
+    *,
+    written: Callable[[], bool] | None = None,
 ) -> None:
     """Hold ``entry``'s child for ``work``, exactly as a proxied OpenAI request does
     (`troupe.lease.Lease`); refusals are Ollama's errors with the scheduler's status.
     The request gets its access record like a proxied one (``tokens`` adds what the
     answer counted). ``herald``: the early head of a stream that waits for a load
-    (`troupe.http.loading`), stopped before anything else is written."""
+    (`troupe.http.loading`), stopped before anything else is written. ``written``: whether
+    the whole answer went out (a client that closes after it did not "go away")."""
     rec, began = begin(ctx, ex)
     rec.model, rec.catalogued = entry.name, True
     left = False
@@ -168,7 +172,8 @@ async def lease(
     finally:
         if tokens is not None:
             tokens(rec)
-        finish(ctx, ex, rec, began, None, client_left=left)
+        whole = RelayReport(whole=True) if written is not None and written() else None
+        finish(ctx, ex, rec, began, whole, client_left=left)
 
 
 def describe_keep_alive(seconds: float) -> str:

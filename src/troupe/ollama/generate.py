@@ -97,6 +97,9 @@ async def _answer(
                 rec.tokens_per_second = answer.predicted_n * 1000.0 / answer.predicted_ms
             rec.stream = stream
 
+    def written() -> bool:
+        return bool(answers) and answers[0].written
+
     async def work(grant: Grant, waited: float) -> None:
         answer = Answer(name, chat=chat, kind=child.kind, started=started, load_s=waited)
         answers.append(answer)
@@ -106,11 +109,11 @@ async def _answer(
             hold.tokens, hold.cached = answer.slot_tokens, answer.slot_cached
 
     if not stream or not waits_for_load(ctx, entry.name):
-        await lease(ctx, ex, entry, keep_alive, work, tokens)
+        await lease(ctx, ex, entry, keep_alive, work, tokens, written=written)
         return
     # Only the head while the model loads: every NDJSON line is a chunk of the answer.
     async with heralded(ctx, ex, entry.name, NDJSON, "head") as herald:
-        await lease(ctx, ex, entry, keep_alive, work, tokens, herald)
+        await lease(ctx, ex, entry, keep_alive, work, tokens, herald, written=written)
 
 
 @asynccontextmanager
@@ -155,6 +158,7 @@ async def _relay(
                 await send_error(ex, 500, "unreadable answer from the model's server")
                 return
             await ex.respond(200, dumps(answer.final(whole=True)))
+            answer.written = True
     except UpstreamError as exc:
         if not ex.started:
             await send_error(ex, 500, f"the model's server closed the connection: {exc}")
@@ -215,6 +219,7 @@ async def _relay_events(ex: Exchange, upstream: UpstreamResponse, answer: Answer
         if decoder.done:
             break
     await _send_lines(ex, [answer.final(whole=False)])
+    answer.written = True  # (a client that leaves now did not leave early)
     await ex.send(ex.last_chunk)
 
 
