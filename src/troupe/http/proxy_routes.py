@@ -115,7 +115,9 @@ async def _relay_after_load(
         try:
             async with held:
                 await herald.settle()
-                if not ex.started:
+                if not ex.started:  # (the grant came before the head went out)
+                    if held.rate_fields:
+                        ex.base += held.rate_fields
                     await _relay(ctx, ex, held, report)
                     return
                 report.first_byte = herald.first_byte
