@@ -63,7 +63,10 @@ def gpu_request(get: Callable[[str], str | None], names: Mapping[str, str]) -> G
 
 def gpu_flags(plan: GpuPlan, ids: Mapping[str, str], has: Callable[[str], bool]) -> list[str]:
     """The flags that put a child on ``plan`` (``ids``: troupe's device name -> the
-    engine's); ``--n-gpu-layers`` only where the command line has none."""
+    engine's); ``--n-gpu-layers`` only where the command line has none. None for a
+    child its own flags place."""
+    if plan.fixed:
+        return []
     if not plan.devices:
         return ["--device", "none"]
     out = ["--device", ",".join(ids[d] for d in plan.devices)]

@@ -64,9 +64,31 @@ def _extras(view: ModelView | None, now: float) -> dict[str, Any]:
         "ttl": view.ttl,
         "phase": view.phase.value,
         "cpu": _cpu(view),
+        "gpu": _gpu(view),
         # The engine's staged progress as one percentage, while it loads (troupe ps).
         "load_percent": load_percent(view.progress) if view.status is Status.LOADING else None,
     }
+
+
+def _gpu(view: ModelView) -> dict[str, Any] | None:
+    """The GPUs its child runs on (docs/gpus.md): troupe's plan, or what its own flags
+    name; None where troupe does not place children on GPUs (no GPU, placement off)."""
+    plan = view.gpu
+    if plan is not None:
+        out: dict[str, Any] = {
+            "placed_by": "flags" if plan.fixed else "troupe",
+            "devices": list(plan.devices),
+        }
+        if plan.split:
+            out["tensor_split"] = list(plan.split)
+        if plan.layers is not None:
+            out["gpu_layers"] = plan.layers
+        return out
+    request = view.gpu_request
+    if request is not None:
+        devices = list(request.devices) if request.devices is not None else None
+        return {"placed_by": "flags", "devices": devices}
+    return None
 
 
 def _cpu(view: ModelView) -> dict[str, Any] | None:

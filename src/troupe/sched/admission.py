@@ -187,6 +187,10 @@ class MemoryAdmission:
             chosen = victim(tuple(room))
             if chosen is not None:
                 return Evict(chosen), False
+        if fit.meanwhile:
+            # Nothing to free for fewer cards: it goes on more, where it fits now.
+            self._plan(name, fit)
+            return Admit(), False
         if not any(h != name for h in holders):
             # Nothing else to give up: load anyway, as upstream does, but say so.
             short = ", ".join(f"{dev}: {n >> 20} MiB" for dev, n in sorted(deficit.items()))

@@ -5,7 +5,8 @@ with several cards two models that would each fit one card both spread over all 
 them. With ``--gpu-placement auto`` each child gets the GPUs it needs and no more,
 chosen on the memory reading admission uses (`troupe.sched.memory`), after the margin:
 
-* a model whose GPU part fits on one card gets one: the card with the most room;
+* a model whose GPU part fits on one card gets one: a card none of troupe's other
+  children use if one holds it, the one with the most room among those;
 * one that needs several gets the fewest that hold it (the roomiest first), its
   layers split over them by their room (``--tensor-split``);
 * one that fits on no combination of the cards, even with none of troupe's models
@@ -54,16 +55,19 @@ class GpuPlan:
     split: tuple[int, ...] = ()
     layers: int | None = None
     need: Mapping[str, int] = attrs.field(factory=dict)
+    fixed: bool = False  # placed by its own flags: troupe adds none, only counts it
 
 
 @attrs.frozen
 class Fit:
     """Where a model would go now. ``plan`` (None: not troupe's to place, or it does not
-    fit); ``short``: when it does not, the bytes to free per device, one mapping per
-    place it could go, best first (empty: it fits)."""
+    fit); ``short``: the bytes to free per device for it to go on fewer cards, or at all,
+    one mapping per place it could go, best first (empty: it fits as ``plan`` says; with
+    a ``plan`` too, it fits there meanwhile, on more cards)."""
 
     plan: GpuPlan | None = None
     short: tuple[Mapping[str, int], ...] = ()
+    meanwhile: bool = False  # with ``short``: ``plan`` fits now, on more cards
 
 
 def gpu_part(need: PerDevice) -> tuple[int, int]:
@@ -111,12 +115,14 @@ def place(
     gpus: Iterable[str],
     margin: int,
     layers: int | None,
+    sharing: Mapping[str, int] | None = None,
 ) -> Fit:
     """Where a model needing ``need`` goes among ``gpus``.
 
     ``available``: per device, what is free for it now (`MemoryLedger.available`);
     ``capacity``: per GPU, what would be with none of troupe's other models on it;
-    ``layers``: the model's layer count (for a partial offload; None: unknown).
+    ``layers``: the model's layer count (for a partial offload; None: unknown);
+    ``sharing``: per GPU, how many of troupe's other children are on it.
     The host part is checked by the caller, as for any model; a partial offload adds
     to it what does not go to the GPUs."""
     host, gpu = gpu_part(need)
@@ -125,20 +131,35 @@ def place(
         return Fit()
     room = {g: available[g] - margin for g in cards}
     by_room = sorted(cards, key=lambda g: (-room[g], g))
+    # One card: of those that hold it, one with none of troupe's other children on it
+    # (two models on one card share its compute), the roomiest first.
+    sharing = sharing or {}
+    alone = [g for g in by_room if room[g] >= gpu + 1]
+    if alone:
+        best = min(alone, key=lambda g: (sharing.get(g, 0), -room[g], g))
+        return Fit(_plan(host, gpu, (best,), room, None))
     # The fewest cards whose room now holds it: the roomiest first.
+    now: GpuPlan | None = None
     total = 0
     for k, g in enumerate(by_room, start=1):
         total += max(0, room[g])
         if total >= gpu + k and room[g] > 0:  # (+ k: each share rounds up by a byte)
-            return Fit(_plan(host, gpu, tuple(sorted(by_room[:k])), room, None))
-    # Would it fit once troupe's other models gave their room up?
+            now = _plan(host, gpu, tuple(sorted(by_room[:k])), room, None)
+            break
+    # Would it fit on fewer once troupe's other models gave their room up? Then that
+    # room is asked for first (``plan``: where it fits meanwhile, if anywhere).
     ceiling = {g: capacity.get(g, available[g]) - margin for g in cards}
     by_ceiling = sorted(cards, key=lambda g: (-ceiling[g], g))
     total = 0
     for k, g in enumerate(by_ceiling, start=1):
         total += max(0, ceiling[g])
         if total >= gpu:
-            return Fit(short=tuple(_short(gpu, k, cards, room, ceiling)))
+            if now is not None and len(now.devices) <= k:
+                return Fit(now)
+            shorts = tuple(_short(gpu, k, cards, room, ceiling))
+            return Fit(now, shorts, meanwhile=now is not None)
+    if now is not None:
+        return Fit(now)
     # No combination holds it: as many layers as the room now holds, the rest on the host.
     usable = tuple(sorted(g for g in by_room if room[g] > 0))
     on_gpu = sum(room[g] for g in usable)

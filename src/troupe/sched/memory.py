@@ -179,15 +179,26 @@ class MemoryLedger:
         plan: GpuPlan | None = None
         if request is not None:
             need = self.counted(need, request)
+            if request.devices is not None:
+                plan = GpuPlan(request.devices, need=need, fixed=True)
         elif self.gpus:
             tracked, _ = self._tracked(sample, others)
             capacity = {
                 d.name: d.free + tracked.get(d.name, 0) for d in sample.devices if d.name != HOST
             }
-            found = place(need, available, capacity, self.gpus, self.margin, layers)
+            sharing: dict[str, int] = {}
+            for other in others:
+                for dev, n in (self.holding(other) or {}).items():
+                    if dev != HOST and n > 0:
+                        sharing[dev] = sharing.get(dev, 0) + 1
+            found = place(need, available, capacity, self.gpus, self.margin, layers, sharing)
             if found.short:
                 host_short = self._short({HOST: need.get(HOST, 0)}, available)
-                return Fit(None, tuple({**host_short, **s} for s in found.short))
+                shorts = tuple({**host_short, **s} for s in found.short)
+                meanwhile = found.plan
+                if meanwhile is not None and self._short(meanwhile.need, available):
+                    meanwhile = None
+                return Fit(meanwhile, shorts, meanwhile=meanwhile is not None)
             if found.plan is not None:
                 plan = found.plan
                 need = plan.need

@@ -193,6 +193,18 @@
     return where + threads + how;
   }
 
+  // The GPUs its child runs on (docs/gpus.md): "CUDA 0, 2 (split 40000:20000)"; "-" without.
+  function gpuText(gpu) {
+    if (!gpu) return "-";
+    if (!gpu.devices) return "every GPU (its own flags)";
+    if (!gpu.devices.length) return "none";
+    const cards = gpu.devices.join(", ");
+    const split = gpu.tensor_split ? ` (split ${gpu.tensor_split.join(":")})` : "";
+    const layers = gpu.gpu_layers == null ? "" : `, ${gpu.gpu_layers} layers`;
+    const how = gpu.placed_by === "flags" ? " (its own flags)" : "";
+    return cards + split + layers + how;
+  }
+
   function renderModels(items) {
     const seen = new Set();
     for (const item of items) {
@@ -211,6 +223,8 @@
       const running = ["loading", "loaded", "sleeping"].includes(item.status.value);
       c.field("memory-used").textContent = running ? bytes(memory.used_bytes) : "-";
       c.field("cpu").textContent = cpuText(extra.cpu);
+      const gpuField = c.field("gpu");
+      if (gpuField) gpuField.textContent = gpuText(extra.gpu);
       // Its stored conversations (troupe.kvstore); absent with --kv-store off.
       const kv = extra.kv;
       c.field("kv").textContent = kv ? `${kv.entries} saved, ${kv.entries ? bytesText(kv.bytes) : "0"}` : "off";
