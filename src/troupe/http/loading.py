@@ -97,10 +97,12 @@ def progress_style(ctx: Router, ex: Exchange, name: str) -> Style | None:
     """How this request hears of its model's load, or None: not a streamed completion,
     ``--load-progress off``, or its model is ready (the common case: one dict lookup)."""
     mode = ctx.settings.load_progress
-    if ex.method != "POST" or not waits_for_load(ctx, name):
+    if ex.method != "POST" or mode == "off":
         return None
+    # The route first: the snapshot is rebuilt after every lease taken or given back,
+    # so reading it costs each proxied request a view of every model (bench/proxy.py).
     route = strip_prefix(ex.path, ctx.settings.api_prefix) or ex.path
-    if route not in _STREAMED or not _streamed(ex.body):
+    if route not in _STREAMED or not waits_for_load(ctx, name) or not _streamed(ex.body):
         return None
     return "reasoning" if mode == "reasoning" and route in _CHAT else "comments"
 
