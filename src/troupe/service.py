@@ -25,6 +25,7 @@ import trio
 from troupe.actors.scheduler import ModelUnavailable, Scheduler
 from troupe.child.ledger import PidLedger, default_state_dir, reap_orphans
 from troupe.child.process import kill_group
+from troupe.cluster.agent import Agent
 from troupe.engine import Engine
 from troupe.errors import TroupeError
 from troupe.http.model_routes import reload_all
@@ -162,6 +163,10 @@ async def serve_router(
             # Copies made by failover or spill go back once their home is up again.
             copies = SchedulerCopies(router.scheduler)
             nursery.start_soon(router.cluster.give_back, copies, router.settings.cluster_copy_ttl)
+            if router.settings.cluster_agent_port >= 0:  # HAProxy's agent-check (per model)
+                agent = Agent(router.cluster, lambda: router.scheduler.snapshot)
+                host = next((h for h in router.settings.hosts if "/" not in h), "127.0.0.1")
+                await nursery.start(agent.serve, host, router.settings.cluster_agent_port)
         router.ready = True  # upstream: ready right after binding, before startup loads
         for url in urls:
             # Always shown, whatever the log level: with --port 0 it is how to find the port.
@@ -185,6 +190,8 @@ async def load_on_startup(router: Router) -> None:
 
 async def shutdown(router: Router) -> None:
     scheduler = router.scheduler
+    if router.cluster is not None:
+        router.cluster.leaving = True  # the balancer's agent checks now say drain
     scheduler.bus.close()  # SSE streams end now, not when the graceful window cuts them
     with trio.move_on_after(SHUTDOWN_GRACE):
         await scheduler.drain()  # waiters answered, no new load

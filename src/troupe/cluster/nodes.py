@@ -25,8 +25,8 @@ def parse_urls(text: str, separator: str | None = ",") -> tuple[str, ...]:
         if not line:
             continue
         url = normalise_url(line)
-        if not url.startswith("http://"):
-            raise UsageError(f"invalid node URL '{line}' (expected http://HOST:PORT)")
+        if not url.startswith(("http://", "https://")):
+            raise UsageError(f"invalid node URL '{line}' (expected http(s)://HOST:PORT)")
         if url not in out:
             out.append(url)
     return tuple(out)

@@ -32,7 +32,8 @@ __all__ = ["NodeFacts", "Placement", "node_facts", "normalise_url", "rank"]
 
 
 def normalise_url(url: str) -> str:
-    """``http://host:port`` without a trailing slash; a bare ``host:port`` gets http://."""
+    """``http(s)://host:port`` without a trailing slash; a bare ``host:port`` gets
+    http://."""
     text = url.strip().rstrip("/")
     if "://" not in text:
         text = "http://" + text

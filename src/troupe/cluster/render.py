@@ -31,7 +31,14 @@ import attrs
 
 from troupe.cluster.placement import Placement
 
-__all__ = ["NODE_HEADER", "RenderOptions", "backend_name", "render_haproxy", "server_names"]
+__all__ = [
+    "NODE_HEADER",
+    "RenderOptions",
+    "backend_name",
+    "render_haproxy",
+    "render_prometheus",
+    "server_names",
+]
 
 _IDENT = re.compile(r"[^A-Za-z0-9_.:-]")
 NODE_HEADER = b"X-Troupe-Node"  # the node that served a request (set by the forwarding node)
@@ -51,6 +58,10 @@ class RenderOptions:
     stats_socket: str | None = None  # the runtime API (show servers state, set server ...)
     mark: str = "balancer"  # the forward mark HAProxy sets (signed: `ClusterTrust.balancer_mark`)
     secret: bytes | None = attrs.field(default=None, repr=False)  # the cluster secret
+    agent_inter: str = "1s"  # how often HAProxy asks each node's agent (cluster.agent)
+    # TLS to the nodes: the CA that signed their certificates ("": plain HTTP, unless a
+    # node's URL says https, then verified against the system's CAs).
+    ca_file: str = ""
 
 
 def server_names(urls: Sequence[str]) -> dict[str, str]:
@@ -73,15 +84,39 @@ def _json_error(message: str, kind: str, code: int) -> str:
 
 def _address(url: str) -> str:
     parts = urlsplit(url)
-    return f"{parts.hostname}:{parts.port or 80}"
+    default = 443 if parts.scheme == "https" else 80
+    return f"{parts.hostname}:{parts.port or default}"
+
+
+def _agent(port: int | None, inter: str, query: str) -> str:
+    """The server line's agent check (`troupe.cluster.agent`), asking about ``query``."""
+    if port is None:
+        return ""
+    send = _quoted(query)[:-1] + '\\n"'
+    return f" agent-check agent-port {port} agent-inter {inter} agent-send {send}"
+
+
+def _tls(url: str, options: RenderOptions) -> str:
+    """TLS to the node: when its URL says https or a CA file is given."""
+    if options.ca_file:
+        return f" ssl verify required ca-file {options.ca_file}"
+    if urlsplit(url).scheme == "https":
+        return " ssl verify required ca-file @system-ca"
+    return ""
 
 
 def render_haproxy(
-    urls: Sequence[str], placement: Placement, options: RenderOptions, header: str = ""
+    urls: Sequence[str],
+    placement: Placement,
+    options: RenderOptions,
+    header: str = "",
+    agents: Mapping[str, int] | None = None,
 ) -> str:
     """The whole ``haproxy.cfg`` for the nodes ``urls`` (every node, those that did not
     answer included: they get health-checked and join the model backends once a render
-    reads their catalogue)."""
+    reads their catalogue). ``agents``: each node's agent port, where it has one (its
+    ``/models`` says): the server lines ask it what the node can take."""
+    agents = agents or {}
     names = server_names(urls)
     orders = placement.models()
     aliases: dict[str, list[str]] = {m: [] for m in orders}
@@ -157,7 +192,11 @@ def render_haproxy(
         "    balance leastconn",
         _NAME_NODE,
     ]
-    lines += [f"    server {names[u]} {_address(u)} check" for u in urls]
+    lines += [
+        f"    server {names[u]} {_address(u)} check{_tls(u, options)}"
+        + _agent(agents.get(u), options.agent_inter, "")
+        for u in urls
+    ]
     down = _json_error("this node is down", "unavailable_error", 503)
     for url, name in names.items():
         lines += [
@@ -166,7 +205,7 @@ def render_haproxy(
             f"    http-request set-header x-troupe-forwarded {_quoted(options.mark)}",
             _NAME_NODE,
             f"    http-error status 503 {down}",
-            f"    server {name} {_address(url)} track troupe_any/{name}",
+            f"    server {name} {_address(url)}{_tls(url, options)} track troupe_any/{name}",
         ]
     for backend, model, order in backends:
         lines += [
@@ -182,7 +221,8 @@ def render_haproxy(
                 continue  # a node that left the list
             lines.append(
                 f"    server {server} {_address(url)} id {rank} "
-                f"maxconn {options.maxconn_per_model} track troupe_any/{server}"
+                f"maxconn {options.maxconn_per_model}{_tls(url, options)} "
+                f"track troupe_any/{server}" + _agent(agents.get(url), options.agent_inter, model)
             )
     return "\n".join(lines) + "\n"
 
@@ -193,3 +233,43 @@ def placement_table(placement: Placement, names: Mapping[str, str]) -> list[str]
         f"{model}: {' '.join(names.get(u, u) for u in order)}"
         for model, order in sorted(placement.models().items())
     ]
+
+
+def render_prometheus(
+    urls: Sequence[str],
+    *,
+    key_file: str | None = None,
+    ca_file: str = "",
+    interval: str = "15s",
+    header: str = "",
+) -> str:
+    """A Prometheus scrape configuration (YAML) for every node's own ``/metrics``: each
+    node a target labelled with its server name (``node``, as the node labels its own
+    samples: ``honor_labels`` keeps them). The API key is read by Prometheus from
+    ``key_file`` (never written into this file); ``ca_file`` verifies https nodes."""
+    names = server_names(urls)
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    lines += ["scrape_configs:"]
+    by_scheme: dict[str, list[str]] = {}
+    for url in urls:
+        by_scheme.setdefault(urlsplit(url).scheme or "http", []).append(url)
+    for scheme, members in by_scheme.items():
+        job = "troupe" if len(by_scheme) == 1 else f"troupe-{scheme}"
+        lines += [
+            f"  - job_name: {job}",
+            "    metrics_path: /metrics",
+            f"    scheme: {scheme}",
+            f"    scrape_interval: {interval}",
+            "    honor_labels: true",
+        ]
+        if key_file:
+            lines += ["    authorization:", f"      credentials_file: {_quoted(key_file)}"]
+        if scheme == "https" and ca_file:
+            lines += ["    tls_config:", f"      ca_file: {_quoted(ca_file)}"]
+        lines += ["    static_configs:"]
+        for url in members:
+            lines += [
+                f"      - targets: [{_quoted(_address(url))}]",
+                f"        labels: {{node: {names[url]}}}",
+            ]
+    return "\n".join(lines) + "\n"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import ssl
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -79,10 +80,13 @@ class Peer:
         parts = urlsplit(url)
         self.url = url
         self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 80
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.ref = ChildRef(model=url, gen=0, port=self.port)
         self.authority = f"{self.host}:{self.port}".encode()
-        self.pool = UpstreamPool(self.host, CONNECT_WITHIN, read_timeout)
+        # An https node is reached over TLS, its certificate verified against the
+        # system's CAs (OpenSSL's SSL_CERT_FILE / SSL_CERT_DIR name a cluster's own CA).
+        tls = ssl.create_default_context() if parts.scheme == "https" else None
+        self.pool = UpstreamPool(self.host, CONNECT_WITHIN, read_timeout, tls)
         self.down_until = -math.inf
 
     async def send(self, wire: bytes) -> UpstreamResponse:
@@ -140,6 +144,8 @@ class Cluster:
         self._lock = trio.Lock()
         self._wanted = trio.Event()  # a request found the copy stale
         self._placement: Placement | None = None
+        self.leaving = False  # shutting down: the HAProxy agent says drain
+        self.agent_port: int | None = None  # the HAProxy agent's (cluster.agent), once bound
 
     def peer(self, url: str) -> Peer:
         found = self._peers.get(url)
@@ -227,6 +233,30 @@ class Cluster:
                     )
                     await copies.keep_alive(model, ttl)
                     given.add(model)
+
+    def warm_elsewhere(self, model: str) -> bool:
+        """Whether another node, not left out, had ``model`` loaded with a slot free at
+        the last look at the peers' ``/models`` (asking wakes the refresher when that
+        look is stale)."""
+        if self._stale():
+            self._wanted.set()
+        for url, doc in self._docs.items():
+            if url == self.self_url or self.peer(url).down:
+                continue
+            data = doc.get("data")
+            for item in data if isinstance(data, list) else []:
+                if not isinstance(item, dict) or item.get("id") != model:
+                    continue
+                status = item.get("status")
+                extras = item.get("troupe")
+                if not isinstance(status, dict) or status.get("value") != "loaded":
+                    continue
+                if not isinstance(extras, dict) or extras.get("stopping"):
+                    continue
+                slots, busy = extras.get("slots") or 4, extras.get("in_flight") or 0
+                if isinstance(slots, int) and isinstance(busy, int) and busy < slots:
+                    return True
+        return False
 
     # ----- the peers' /models -------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -21,21 +22,40 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from troupe.cluster.nodes import parse_urls
 from troupe.cluster.placement import Placement, node_facts
-from troupe.cluster.render import RenderOptions, placement_table, render_haproxy, server_names
+from troupe.cluster.render import (
+    RenderOptions,
+    placement_table,
+    render_haproxy,
+    render_prometheus,
+    server_names,
+)
 from troupe.cluster.trust import ClusterTrust, read_secret
 from troupe.cluster.view import FORWARDED
 from troupe.errors import UsageError
 
-__all__ = ["USAGE", "fetch_models", "parse_render", "render_config", "run_cluster"]
+__all__ = [
+    "USAGE",
+    "Extras",
+    "fetch_models",
+    "parse_flags",
+    "parse_render",
+    "render_config",
+    "run_cluster",
+]
 
 USAGE = (
     "usage: troupe cluster render (--node URL ... | --nodes FILE) [--bind ADDR:PORT]\n"
     "       [--check-interval TIME] [--maxconn-per-model N] [--stats-socket PATH]\n"
-    "       [--api-key-file FILE] [--secret-file FILE] [--explain]\n"
+    "       [--api-key-file FILE] [--secret-file FILE] [--agent-inter TIME]\n"
+    "       [--ca-file FILE] [--prometheus FILE [--scrape-interval TIME]] [--explain]\n"
     "       (the key also from LLAMA_API_KEY, the cluster secret from TROUPE_CLUSTER_SECRET)\n"
-    "       troupe cluster watch RENDER-FLAGS --out FILE [--reload CMD] [--every SECONDS]"
+    "       troupe cluster watch RENDER-FLAGS --out FILE [--reload CMD] [--every SECONDS]\n"
+    "       troupe cluster ps (--node URL ... | --nodes FILE) [--api-key-file FILE]\n"
+    "       [--secret-file FILE] [--json]"
 )
 
 
@@ -46,6 +66,7 @@ def fetch_models(
     *,
     warn: bool = True,
     trust: ClusterTrust | None = None,
+    ca_file: str = "",
 ) -> Mapping[str, Any] | None:
     """A node's own ``GET /models``, or None (and a line on stderr, unless not ``warn``)
     when it cannot answer."""
@@ -55,7 +76,8 @@ def fetch_models(
         headers["Authorization"] = f"Bearer {api_key}"
     request = urllib.request.Request(url + "/models", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
+        context = ssl.create_default_context(cafile=ca_file or None)  # an https node
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
             doc = json.loads(resp.read())
     except (OSError, ValueError) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
@@ -65,16 +87,38 @@ def fetch_models(
     return doc if isinstance(doc, dict) else None
 
 
+@attrs.frozen
+class Extras:
+    """Render flags beyond HAProxy's configuration."""
+
+    prometheus: Path | None = None  # --prometheus FILE: the scrape configuration's file
+    key_file: str | None = None  # --api-key-file, absolute (Prometheus reads the key there)
+    as_json: bool = False  # troupe cluster ps --json
+    scrape_interval: str = "15s"  # --scrape-interval: Prometheus' scrape_interval
+
+
 def parse_render(args: list[str]) -> tuple[list[str], RenderOptions, str | None, bool]:
+    """The render flags (`parse_flags` without the extras)."""
+    urls, options, key, explain, _ = parse_flags(args)
+    return urls, options, key, explain
+
+
+def parse_flags(args: list[str]) -> tuple[list[str], RenderOptions, str | None, bool, Extras]:
     urls: list[str] = []
+    prometheus: Path | None = None
+    key_file: str | None = None
+    as_json = False
+    scrape_interval = "15s"
     bind, interval, maxconn, socket, explain = "*:8080", "2s", 8, None, False
+    agent_inter, ca_file = "1s", ""
     key: str | None = os.environ.get("LLAMA_API_KEY") or None
     secret_file: str | None = None
     i = 0
     while i < len(args):
         flag = args[i]
-        if flag == "--explain":
-            explain, i = True, i + 1
+        if flag in ("--explain", "--json"):
+            explain, as_json = explain or flag == "--explain", as_json or flag == "--json"
+            i += 1
             continue
         if i + 1 >= len(args):
             raise UsageError(f"flag '{flag}' needs a value\n{USAGE}")
@@ -100,6 +144,12 @@ def parse_render(args: list[str]) -> tuple[list[str], RenderOptions, str | None,
                 raise UsageError(f"invalid value for --maxconn-per-model: '{value}'")
         elif flag == "--stats-socket":
             socket = value
+        elif flag == "--agent-inter":
+            agent_inter = value
+        elif flag == "--ca-file":
+            if not Path(value).is_file():
+                raise UsageError(f"--ca-file '{value}': no such file")
+            ca_file = str(Path(value).resolve())
         elif flag == "--api-key":
             print(
                 "troupe: warning: --api-key is visible to every user in ps; use "
@@ -109,6 +159,13 @@ def parse_render(args: list[str]) -> tuple[list[str], RenderOptions, str | None,
             key = value
         elif flag == "--api-key-file":
             key = _first_line(value, flag)
+            key_file = str(Path(value).expanduser().resolve())
+        elif flag == "--scrape-interval":
+            scrape_interval = value
+        elif flag == "--prometheus":
+            prometheus = Path(value)
+            if not prometheus.parent.is_dir():
+                raise UsageError(f"--prometheus '{value}': no directory {prometheus.parent}")
         elif flag == "--secret-file":
             secret_file = value
         else:
@@ -118,8 +175,10 @@ def parse_render(args: list[str]) -> tuple[list[str], RenderOptions, str | None,
     unique = list(dict.fromkeys(urls))
     secret = read_secret(secret_file)
     mark = ClusterTrust(secret).balancer_mark()
-    options = RenderOptions(bind, interval, maxconn, socket, mark, secret)
-    return unique, options, key, explain
+    options = RenderOptions(
+        bind, interval, maxconn, socket, mark, secret, agent_inter=agent_inter, ca_file=ca_file
+    )
+    return unique, options, key, explain, Extras(prometheus, key_file, as_json, scrape_interval)
 
 
 def _first_line(path: str, flag: str) -> str:
@@ -146,7 +205,10 @@ def render_config(
     that blinks does not reload the balancer twice), and updated; ``answered``: set to
     the nodes that answered."""
     trust = ClusterTrust(options.secret)
-    docs = {url: fetch_models(url, key, warn=known is None, trust=trust) for url in urls}
+    docs = {
+        url: fetch_models(url, key, warn=known is None, trust=trust, ca_file=options.ca_file)
+        for url in urls
+    }
     if answered is not None:
         answered.clear()
         answered.update(url for url, doc in docs.items() if doc is not None)
@@ -160,12 +222,18 @@ def render_config(
     placement = Placement([node_facts(u, d) for u, d in docs.items() if d is not None])
     if not placement.nodes:
         return None
+    agents: dict[str, int] = {}
+    for url, doc in docs.items():
+        extras = doc.get("troupe") if doc is not None else None
+        port = extras.get("agent_port") if isinstance(extras, dict) else None
+        if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+            agents[url] = port
     # No timestamp: the same nodes and catalogues give the same bytes (cmp tells a change).
     header = "Written by `troupe cluster render` from:\n" + "\n".join(
         f"  {server_names(urls)[u]} {u}" + ("" if docs[u] is not None else " (did not answer)")
         for u in urls
     )
-    return render_haproxy(urls, placement, options, header), placement
+    return render_haproxy(urls, placement, options, header, agents), placement
 
 
 def run_cluster(args: list[str]) -> int:
@@ -176,14 +244,33 @@ def run_cluster(args: list[str]) -> int:
         from troupe.commands.cluster_watch import run_watch  # noqa: PLC0415 (it imports this)
 
         return run_watch(args[1:])
+    if args[0] == "ps":
+        from troupe.commands.cluster_ps import run_cluster_ps  # noqa: PLC0415 (it imports this)
+
+        return run_cluster_ps(args[1:])
     if args[0] != "render":
         raise UsageError(f"unknown cluster command '{args[0]}'\n{USAGE}")
-    urls, options, key, explain = parse_render(args[1:])
+    urls, options, key, explain, extras = parse_flags(args[1:])
     rendered = render_config(urls, options, key)
     if rendered is None:
         raise UsageError("no node answered GET /models")
     text, placement = rendered
     sys.stdout.write(text)
+    if extras.prometheus is not None:
+        if key and extras.key_file is None:
+            print(
+                "troupe: warning: the scrape configuration names no key file (give "
+                "--api-key-file FILE: Prometheus reads the key there)",
+                file=sys.stderr,
+            )
+        scrape = render_prometheus(
+            urls,
+            key_file=extras.key_file,
+            ca_file=options.ca_file,
+            interval=extras.scrape_interval,
+            header="Written by `troupe cluster render`: every node's own /metrics",
+        )
+        extras.prometheus.write_text(scrape, encoding="utf-8")
     if explain:
         for line in placement_table(placement, server_names(urls)):
             print(line, file=sys.stderr)

@@ -17,8 +17,10 @@ import trio
 from troupe.cluster import FORWARDED, Cluster
 from troupe.cluster.render import NODE_HEADER, server_names
 from troupe.cluster.view import Hung, Peer
+from troupe.http import access
 from troupe.http.errors import error_body
 from troupe.http.server.exchange import Exchange
+from troupe.ops.access import AccessRecord
 from troupe.proxy.relay import ChildLost, request_headers
 from troupe.proxy.upstream import Unreachable, UpstreamError, UpstreamResponse, render_request
 from troupe.router import Router
@@ -42,44 +44,83 @@ async def forward_elsewhere(ctx: Router, ex: Exchange, name: str) -> bool:
     is skipped (nothing of the request reached it) for the next in the model's order; a
     node that took the request and hangs (`Hung`: no answer, no health check answered
     within ``--cluster-timeout``) is left once for the next, since no byte of its
-    answer reached the client (a second hung node ends the request with a 504)."""
+    answer reached the client (a second hung node ends the request with a 504).
+
+    A forward is recorded here too (an access record of kind "forwarded" naming the node
+    that served it, ``troupe_forwarded_total`` by node and outcome); the serving node
+    records the request as it always does (its tokens, its waits)."""
     cluster = ctx.cluster
     if cluster is None or ex.header(FORWARDED) is not None:
         return False
     order = (await cluster.placement()).order(name)
+    names = server_names(cluster.nodes.urls())
     failed_over = False
-    for url in order:
-        if url == cluster.self_url:
-            return False
-        peer = cluster.peer(url)
-        if peer.down:
-            continue
-        try:
-            upstream = await cluster.send_watched(peer, _wire(ex, peer, cluster))
-        except Unreachable as exc:
-            log.warning("node %s unreachable for %s: %s", url, name, exc)
-            continue
-        except Hung as exc:
-            log.warning("node %s hung with a request for %s: %s", url, name, exc)
-            if not failed_over:
-                failed_over = True
+    record: tuple[AccessRecord, float] | None = None
+    try:
+        for url in order:
+            if url == cluster.self_url:
+                return False
+            peer = cluster.peer(url)
+            if peer.down:
                 continue
-            message = f"the nodes serving model {name} do not answer ({exc})"
-            await ex.respond(504, error_body(message, "unavailable_error"))
+            to = names.get(url, url)
+            if record is None:
+                record = access.begin(ctx, ex)
+                record[0].kind, record[0].model = "forwarded", name
+            try:
+                upstream = await cluster.send_watched(peer, _wire(ex, peer, cluster))
+            except Unreachable as exc:
+                log.warning("node %s unreachable for %s: %s", url, name, exc)
+                ctx.metrics.observe_forward(to, "unreachable")
+                continue
+            except Hung as exc:
+                log.warning("node %s hung with a request for %s: %s", url, name, exc)
+                ctx.metrics.observe_forward(to, "hung")
+                if not failed_over:
+                    failed_over = True
+                    continue
+                message = f"the nodes serving model {name} do not answer ({exc})"
+                await ex.respond(504, error_body(message, "unavailable_error"))
+                _finish(ctx, ex, record, to, message, client_left=False)
+                return True
+            except UpstreamError as exc:
+                # Some of it may have reached that node: never sent a second time.
+                ctx.metrics.observe_forward(to, "failed")
+                message = f"the node serving model {name} ({url}) failed: {exc}"
+                await ex.respond(500, error_body(message, "server_error"))
+                _finish(ctx, ex, record, to, message, client_left=False)
+                return True
+            cut, left = await _relay_answer(ctx, ex, upstream, peer)
+            ctx.metrics.observe_forward(to, "cut" if cut else "served")
+            why = f"node {to} hung half-way through its answer" if cut else None
+            _finish(ctx, ex, record, to, why, client_left=left)
+            record = None
             return True
-        except UpstreamError as exc:
-            # Some of it may have reached that node: never sent a second time.
-            message = f"the node serving model {name} ({url}) failed: {exc}"
-            await ex.respond(500, error_body(message, "server_error"))
-            return True
-        await _relay_answer(ctx, ex, upstream, peer)
-        return True
-    return False
+        return False
+    finally:
+        if record is not None:  # not forwarded after all (served here, or nowhere)
+            ctx.requests.abandon(record[0])
+
+
+def _finish(
+    ctx: Router,
+    ex: Exchange,
+    record: tuple[AccessRecord, float],
+    to: str,
+    error: str | None,
+    *,
+    client_left: bool,
+) -> None:
+    rec, started = record
+    rec.node, rec.error = to, error
+    access.finish(ctx, ex, rec, started, None, client_left=client_left)
 
 
 async def _relay_answer(
     ctx: Router, ex: Exchange, upstream: UpstreamResponse, peer: Peer | None = None
-) -> None:
+) -> tuple[bool, bool]:
+    """(whether the relay was cut because the node hung, whether the client left)."""
+
     async def relay() -> None:
         try:
             await ctx.relay.answer(ex, upstream, len(ex.body))
@@ -88,22 +129,25 @@ async def _relay_answer(
 
     cluster = ctx.cluster
     if cluster is None or peer is None:
-        await ex.until_client_leaves(relay)
-        return
+        return False, await ex.until_client_leaves(relay)
     hung_peer = peer
+    cut = False
     # The node that served it, by its server name (the balancer keeps this header and
     # names the node it sent the request to only where no node did).
     served_by = server_names(cluster.nodes.urls()).get(peer.url, peer.url)
     upstream.headers.append((NODE_HEADER, served_by.encode("latin-1")))
 
     async def watched() -> None:
+        nonlocal cut
         # The node may hang half-way through its answer: cut the relay when it stops
         # answering its health check (the client sees the answer end short).
         async with trio.open_nursery() as nursery:
 
             async def until_hung() -> None:
+                nonlocal cut
                 await cluster.watch_relay(hung_peer)
                 log.warning("node %s hung half-way through an answer: cut", hung_peer.url)
+                cut = True
                 ex.keep_alive = False
                 upstream.close()
                 nursery.cancel_scope.cancel()
@@ -113,7 +157,8 @@ async def _relay_answer(
             nursery.cancel_scope.cancel()
 
     # A client that goes away closes the connection to the peer: it stops generating.
-    await ex.until_client_leaves(watched)
+    left = await ex.until_client_leaves(watched)
+    return cut, left
 
 
 async def cluster_models(ctx: Router, ex: Exchange, local: dict[str, Any]) -> Any:
@@ -123,7 +168,8 @@ async def cluster_models(ctx: Router, ex: Exchange, local: dict[str, Any]) -> An
     if cluster is None:
         return local
     if ex.header(FORWARDED) is not None:
-        return {**local, "troupe": {"node": cluster.node_id}}
+        # Its HAProxy agent's port, for `troupe cluster render` (None: no agent).
+        return {**local, "troupe": {"node": cluster.node_id, "agent_port": cluster.agent_port}}
     return cluster.union(local, await cluster.docs(fresh=True))
 
 

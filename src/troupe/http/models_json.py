@@ -52,6 +52,7 @@ def _extras(view: ModelView | None, now: float) -> dict[str, Any]:
         "pid": view.pid or None,
         "stopping": view.stopping,
         "in_flight": view.in_flight,
+        "slots": view.slots,  # requests its child serves at once (its --parallel)
         "waiting": view.waiting,
         "queue_position": view.queue_position,
         "wait_reason": view.wait_reason,

@@ -32,8 +32,12 @@ RING_SIZE = 512  # recent requests kept for GET /troupe/requests and the dashboa
 # The router's own routes, kept apart: a dashboard polling every few seconds must not
 # push the model requests out of the ring.
 LOCAL_RING_SIZE = 256
-ALL_KINDS = frozenset({"proxied", "realtime", "local"})
-DEFAULT_KINDS = frozenset({"proxied", "realtime"})  # the model traffic
+ALL_KINDS = frozenset({"proxied", "realtime", "local", "forwarded"})
+# The model traffic ("forwarded": a cluster node sent it on to the node that served it).
+DEFAULT_KINDS = frozenset({"proxied", "realtime", "forwarded"})
+# Recorded and logged, not counted by the listeners (request metrics, usage): a read of
+# a child's state, or a request another node served (that node counts it).
+_NOT_COUNTED = frozenset({"local", "forwarded"})
 PENDING_MAX = 10_000  # access lines not yet written (beyond: the oldest are dropped)
 WRITE_EVERY = 0.05  # seconds: lines go out in batches, one write each, off the request path
 
@@ -83,6 +87,7 @@ class AccessRecord:
     # with several keys, a tenant's /troupe/requests shows only its own records.
     tenant: str = ""
     in_flight: bool = False  # begun, not ended yet (GET /troupe/requests shows it too)
+    node: str = ""  # kind "forwarded": the cluster node that served it (its server name)
 
     def to_json(self) -> dict[str, Any]:
         # attrgetter reads every field in one C call (attrs.asdict: 4x slower).
@@ -118,6 +123,8 @@ class AccessRecord:
             parts.append(f"conv={escape(self.conversation)}")
         if self.kind != "proxied":
             parts.append(f"kind={self.kind}")
+        if self.node:
+            parts.append(f"node={escape(self.node)}")
         if self.close_code is not None:
             parts.append(f"close={self.close_code}")
         if self.error:
@@ -176,6 +183,11 @@ class RequestLog:
         rec.in_flight = True
         self._open[id(rec)] = rec
 
+    def abandon(self, rec: AccessRecord) -> None:
+        """A request begun (`opened`) that gets no record after all (one a cluster node
+        meant to forward and then served itself: that record is the one kept)."""
+        self._open.pop(id(rec), None)
+
     def add_listener(self, listener: Callable[[AccessRecord], None]) -> None:
         self._listeners.append(listener)
 
@@ -185,7 +197,7 @@ class RequestLog:
         the local ring, as `record_other`."""
         if self._open.pop(id(rec), None) is not None:
             rec.in_flight = False
-        if rec.kind == "local":
+        if rec.kind in _NOT_COUNTED:
             self.record_other(rec)
             return
         self._ring.append(rec)

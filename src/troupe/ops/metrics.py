@@ -185,6 +185,16 @@ class RouterMetrics:
             "requests still running), too_large (more than a minute's tokens)",
             ["tenant", "reason"],
         )
+        # A cluster node's forwards (troupe.http.cluster_forward): "to" the node it sent
+        # the request to; outcome served, unreachable, hung, failed, cut.
+        self.forwarded = fast.counter(
+            "troupe_forwarded",
+            "Requests this node forwarded to another node of its cluster, by that node and "
+            "outcome: served (its answer relayed), unreachable (no connection: the next "
+            "node tried), hung (no answer nor health check: the next node tried), failed "
+            "(an error after the request was sent), cut (the node hung mid-answer)",
+            ["to", "outcome"],
+        )
         self.swaps = Counter(
             "troupe_swaps",
             "Models stopped to make room for another (rate() it; "
@@ -239,6 +249,10 @@ class RouterMetrics:
         """A request's wait for its model ended (granted, failed or cancelled:
         `troupe.lease.Lease`)."""
         self.queue_wait.child(model, outcome).observe(max(0.0, waited))
+
+    def observe_forward(self, to: str, outcome: str) -> None:
+        """One forward to cluster node ``to`` ended with ``outcome``."""
+        self.forwarded.inc((to, outcome))
 
     def observe_rejected(self, tenant: str, reason: str) -> None:
         """A request refused by ``tenant``'s limits (`troupe.lease.Lease`)."""

@@ -178,6 +178,11 @@ def _port(raw: Raw) -> int:
     return port
 
 
+def _port_or_off(raw: Raw) -> int:
+    """A port, or "off" (-1)."""
+    return -1 if raw.text.strip().lower() == "off" else _port(raw)
+
+
 def _sleep_idle(raw: Raw) -> int:
     value = _integer(raw)
     if value == 0 or value < -1:
@@ -605,6 +610,16 @@ CLUSTER_COPY_TTL = Setting(
     )),
     Toml("troupe", "cluster_copy_ttl", float), own=True,
 )  # fmt: skip
+CLUSTER_AGENT_PORT = Setting(
+    ("--cluster-agent-port",), "PORT|off", "TROUPE_CLUSTER_AGENT_PORT", "0", _port_or_off,
+    Help(_OWN, (
+        "the port of this node's HAProxy agent (agent-check): each",
+        "model's free slots, maxconn and drain, told to the balancer;",
+        "0 = any free port, found by `troupe cluster render` in",
+        "/models (default: 0; off)",
+    )),
+    Toml("troupe", "cluster_agent_port", int | str), own=True,
+)  # fmt: skip
 MODELS_MEMORY_MARGIN = Setting(
     ("--models-memory-margin",), "MIB", "TROUPE_MODELS_MEMORY_MARGIN", "1024", _margin,
     Help(_OWN, ("keep this much free on every device (default: 1024; off)",)),
@@ -733,6 +748,7 @@ SETTINGS: tuple[Setting[object], ...] = (
     CLUSTER_SECRET_FILE,
     CLUSTER_TIMEOUT,
     CLUSTER_COPY_TTL,
+    CLUSTER_AGENT_PORT,
     MODELS_MEMORY_MARGIN,
     MAX_BODY_MIB,
     WS_MAX_MESSAGE_MIB,

@@ -48,10 +48,11 @@ class Node:
     killed: bool = False
     starts: int = 0
     tag: str = ""  # ClusterStack.tag_var's value in its environment (this start's)
+    scheme: str = "http"  # https: its listener has TLS (--ssl-cert-file)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
 
 # Phases a model stays in until something happens to it (see troupe.sched.phase).
@@ -93,6 +94,8 @@ class ClusterStack:
     # The cluster secret every node and the render share (TROUPE_CLUSTER_SECRET): the
     # forward mark is signed with it, as a user's cluster should run.
     secret: str = attrs.field(factory=lambda: secrets.token_hex(16))
+    env: dict[str, str] = attrs.field(factory=dict)  # more of every node's environment
+    render_args: list[str] = attrs.field(factory=list)  # more `troupe cluster render` flags
 
     def own_headers(self, method: str = "GET", target: str = "/models") -> dict[str, str]:
         """A node's own answer to ``method target`` (a signed forward mark: served where
@@ -117,6 +120,10 @@ class ClusterStack:
                 str(catalogue),
                 "--cluster-nodes",
                 str(self.nodes_file),
+                # A port of its own that it keeps across restarts: the balancer's
+                # configuration names it (the agent's answers stay with the node).
+                "--cluster-agent-port",
+                str(free_port()),
                 *self.node_args,
             ],
             self.directory / f"state{len(self.nodes) + 1}",
@@ -140,6 +147,7 @@ class ClusterStack:
             self.check_interval,
             self.maxconn,
             self.secret,
+            self.render_args,
         )
         (self.directory / "haproxy.cfg").write_text(self.config)
 
@@ -251,7 +259,7 @@ class ClusterStack:
     async def start(self, node: Node) -> None:
         """Start (or start again, on its old port) the node."""
         node.starts += 1
-        env = {SECRET_ENV: self.secret}
+        env = {SECRET_ENV: self.secret, **self.env}
         if self.tag_var is not None:
             node.tag = f"{self.directory.name}-{os.getpid()}-{node.name}-{node.starts}"
             env[self.tag_var] = node.tag
@@ -259,6 +267,7 @@ class ClusterStack:
             node.args, state_dir=node.state_dir, port=node.port, env=env
         )
         node.port = int(node.process.url.rsplit(":", 1)[1])
+        node.scheme = node.process.url.split("://", 1)[0]
         node.killed = False
         self.nursery.start_soon(_drain, node.process)
 
@@ -288,12 +297,19 @@ async def _stop(process: trio.Process, grace: float = 20, group: bool = False) -
 
 
 def render(
-    nodes_file: Path, port: int, socket: Path, check_interval: str, maxconn: int, secret: str
+    nodes_file: Path,
+    port: int,
+    socket: Path,
+    check_interval: str,
+    maxconn: int,
+    secret: str,
+    more: Sequence[str] = (),
 ) -> str:
     """``troupe cluster render`` as a user runs it (the secret in its environment)."""
     argv = [sys.executable, "-m", "troupe", "cluster", "render", "--nodes", str(nodes_file)]
     argv += ["--bind", f"127.0.0.1:{port}", "--check-interval", check_interval]
     argv += ["--stats-socket", str(socket), "--maxconn-per-model", str(maxconn)]
+    argv += more
     env = {**os.environ, SECRET_ENV: secret}
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60, env=env)
     if done.returncode != 0:
@@ -311,6 +327,8 @@ async def open_cluster(
     check_interval: str = "300ms",
     maxconn: int = 8,
     tag_var: str | None = None,
+    env: dict[str, str] | None = None,
+    render_args: Sequence[str] = (),
 ) -> AsyncIterator[ClusterStack]:
     """A node per models directory in ``catalogues`` (each with ``args``), HAProxy in
     front; everything stopped when the block ends."""
@@ -323,6 +341,8 @@ async def open_cluster(
             stack = ClusterStack(
                 [], directory, socket, {}, nursery, list(args), check_interval, maxconn, tag_var
             )
+            stack.env.update(env or {})
+            stack.render_args += render_args
             try:
                 for catalogue in catalogues:
                     await stack.start(stack.new_node(catalogue))

@@ -36,7 +36,7 @@ def test_serve_with_a_bad_node_list(fake_engine_path: Path, tmp_path: Path) -> N
         "--models-dir",
         str(tmp_path),
         "--cluster-nodes",
-        "https://a:1",
+        "ftp://a:1",
         env={"TROUPE_STATE_DIR": str(tmp_path / "state")},
     )
-    assert_one_line_error(done, "invalid node URL 'https://a:1'")
+    assert_one_line_error(done, "invalid node URL 'ftp://a:1'")

@@ -62,8 +62,9 @@ def test_node_urls_from_a_list_or_a_file(tmp_path: Any) -> None:
         "http://127.0.0.1:1",
         "http://h:2",
     )
+    assert parse_urls("https://h:1/") == ("https://h:1",)  # TLS to that node
     with pytest.raises(UsageError, match="invalid node URL"):
-        parse_urls("https://h:1")
+        parse_urls("ftp://h:1")
     listed = tmp_path / "nodes.txt"
     listed.write_text("")
     nodes = NodeList(str(listed))
