@@ -41,6 +41,7 @@ from troupe.kvstore.store import private_dir
 from troupe.launcher import ChildLauncher
 from troupe.ops.access import RequestLog
 from troupe.ops.history import History
+from troupe.ops.live import LiveStreams
 from troupe.ops.load_log import LoadLog
 from troupe.ops.logs import ModelLogs
 from troupe.ops.metrics import RouterMetrics
@@ -93,6 +94,7 @@ class Router:
     fake_timing: bool = False
     requests: RequestLog = attrs.field(factory=RequestLog)  # recent requests, access log
     history: History = attrs.field(factory=History)  # the dashboard's recent samples
+    streams: LiveStreams = attrs.field(factory=LiveStreams)  # streams relayed now (tokens/s)
     cluster: Cluster | None = None  # --cluster-nodes: the peers, and where models go
     tenants: TenantBook = attrs.field(factory=lambda: TenantBook(Tenants()))  # keys' tenants
     # Each tenant's budgets and usage (`troupe.tenants.usage`), saved in the state directory.

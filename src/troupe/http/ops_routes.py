@@ -27,6 +27,7 @@ async def metrics(router: Router, ex: Exchange) -> None:
         router.relay.pool,
         router.settings.memory_margin_bytes,
         node,
+        router.streams,
     )
     await ex.respond(200, body, CONTENT_TYPE_PLAIN_0_0_4)
 

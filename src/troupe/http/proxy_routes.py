@@ -74,6 +74,7 @@ async def _serve(
     rec, started = access.begin(ctx, ex, conv_id)
     rec.model = name
     report = RelayReport()
+    ctx.streams.open(name, report)  # its tokens per second while it streams (dashboard)
     held = Lease(
         ctx, name, autoload=autoload_flag(ex.params, ctx.settings.models_autoload),
         update_last_used=update_last_used, tenant=rec.tenant, conversation=conv_id,
@@ -102,6 +103,7 @@ async def _serve(
 
         gone = await _guarded(ex, work)
     finally:
+        ctx.streams.close(report)
         access.finish(ctx, ex, rec, started, report, client_left=gone)
 
 

@@ -15,6 +15,7 @@ from prometheus_client.metrics_core import Metric
 
 from troupe.actors.scheduler import Scheduler
 from troupe.ops.children import merge_families, scrape_children
+from troupe.ops.live import LiveStreams
 from troupe.ops.metrics import RouterMetrics
 from troupe.ops.state import ScrapeState, state_families
 from troupe.proxy.upstream import UpstreamPool
@@ -64,9 +65,10 @@ async def render_metrics(
     pool: UpstreamPool,
     margin: int | None,
     node: str | None = None,
+    live: LiveStreams | None = None,
 ) -> bytes:
     """The whole exposition; ``margin`` is ``--models-memory-margin`` (None: off);
-    ``node``: a cluster node's name, on every sample."""
+    ``node``: a cluster node's name, on every sample; ``live``: the streams relayed now."""
     snap = scheduler.snapshot
     running = [v for v in snap.models.values() if v.status.is_running]
     ready = [v.name for v in running if v.status.is_ready_or_sleeping]
@@ -78,6 +80,7 @@ async def render_metrics(
         swaps_per_minute=metrics.swaps_per_minute(scheduler.snapshot),
         sample=sample,
         children_up=up,
+        live=live.rates() if live is not None else {},
     )
     rest = state_families(state) + merge_families(children)
     if node is not None:

@@ -1,9 +1,10 @@
 """A short window of the dashboard's samples, kept by the server so a page that opens
 (or reloads) draws its charts with the last minutes at once instead of starting empty.
 
-Every `HISTORY_EVERY` seconds: memory used per device (total minus free, a fresh
-reading when memory admission reads devices, else the scheduler's last), the proxied
-requests so far (the page turns two into a rate) and the requests in flight.
+Every `HISTORY_EVERY` seconds: what each model's child holds (its RSS on the host, read
+from /proc, and what NVML says it holds on each GPU), memory used per device (total
+minus free, the whole machine's: other programs included), the proxied requests so far
+(the page turns two into a rate) and the requests in flight.
 ``GET /troupe/history`` serves the window.
 """
 
@@ -15,10 +16,12 @@ import time
 from typing import Any
 
 import attrs
+import psutil
 import trio
 
 from troupe.actors.scheduler import Scheduler
 from troupe.ops.metrics import RouterMetrics
+from troupe.sched.devices import HOST
 from troupe.sched.memory import MemorySample
 
 __all__ = ["HISTORY_EVERY", "History"]
@@ -32,7 +35,8 @@ HISTORY_POINTS = 150  # five minutes
 @attrs.frozen
 class Point:
     time: float  # epoch seconds
-    memory_used: dict[str, int]  # device -> bytes in use
+    memory_used: dict[str, int]  # device -> bytes in use (the whole machine's)
+    models: dict[str, dict[str, int]]  # model -> device -> bytes its child holds
     requests: int  # proxied requests so far
     in_flight: int
 
@@ -53,23 +57,30 @@ class History:
         while len(self._points) < count:
             await self._added.wait()
 
-    async def _reading(self, scheduler: Scheduler) -> MemorySample | None:
-        if scheduler.sampler is None:
-            return None
+    async def _reading(self, scheduler: Scheduler, pids: list[int]) -> MemorySample | None:
         try:
-            return await scheduler.sampler.asample([])
+            if scheduler.sampler is None:  # memory admission off: the children's RSS alone
+                return await trio.to_thread.run_sync(_rss_only, pids)
+            return await scheduler.sampler.asample(pids)
         except Exception as exc:  # a failed reading leaves the point without memory
             log.debug("memory reading for the history failed: %s", exc)
             return None
 
     async def sample(self, scheduler: Scheduler, metrics: RouterMetrics) -> None:
-        sample = await self._reading(scheduler)
+        children = {
+            v.pid: v.name
+            for v in scheduler.snapshot.models.values()
+            if v.status.is_running and v.pid
+        }
+        sample = await self._reading(scheduler, list(children))
         snap = scheduler.snapshot
-        devices = sample.devices if sample is not None else snap.devices
+        devices = sample.devices if sample is not None and sample.devices else snap.devices
+        held = sample.footprint if sample is not None else {}
         self._points.append(
             Point(
                 time=time.time(),
                 memory_used={d.name: d.total - d.free for d in devices},
+                models={name: dict(held[pid]) for pid, name in children.items() if pid in held},
                 requests=metrics.relayed_total,
                 in_flight=sum(v.in_flight for v in snap.models.values()),
             )
@@ -81,3 +92,14 @@ class History:
         while True:
             await self.sample(scheduler, metrics)
             await trio.sleep(HISTORY_EVERY)
+
+
+def _rss_only(pids: list[int]) -> MemorySample:
+    """The children's RSS from /proc (no device reading)."""
+    footprint: dict[int, dict[str, int]] = {}
+    for pid in pids:
+        try:
+            footprint[pid] = {HOST: psutil.Process(pid).memory_info().rss}
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return MemorySample((), footprint=footprint)

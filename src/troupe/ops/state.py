@@ -17,6 +17,7 @@ import attrs
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from troupe import __version__
+from troupe.ops.live import LiveRate
 from troupe.sched import Snapshot, Status
 from troupe.sched.memory import MemorySample
 
@@ -30,6 +31,7 @@ class ScrapeState:
     swaps_per_minute: int
     sample: MemorySample | None  # None: the reading failed
     children_up: Mapping[str, bool]  # model -> its own /metrics answered
+    live: Mapping[str, LiveRate] = attrs.field(factory=dict)  # model -> its streams now
 
 
 def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
@@ -67,8 +69,20 @@ def state_families(state: ScrapeState) -> list[Metric]:
     )
     for model, ok in sorted(state.children_up.items()):
         up.add_metric([model], 1 if ok else 0)
+    streams = _gauge(
+        "troupe_model_streams", "Streamed answers of the model being relayed now", ["model"]
+    )
+    speed = _gauge(
+        "troupe_model_stream_tokens_per_second",
+        "Tokens per second of the model's streams being relayed now, together (each "
+        "stream's text events since its first)",
+        ["model"],
+    )
+    for model, rate in sorted(state.live.items()):
+        streams.add_metric([model], rate.streams)
+        speed.add_metric([model], rate.tokens_per_second)
     families: list[Metric] = [info, models_max, running, status, in_flight, waiting, last_load]
-    families += [depth, swaps, up, *_memory_families(state)]
+    families += [depth, swaps, up, streams, speed, *_memory_families(state)]
     return families
 
 
