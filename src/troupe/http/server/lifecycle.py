@@ -78,6 +78,7 @@ class HttpServer:
                         handler_nursery=connections,
                         task_status=task_status,
                     )
+            self.watch.nursery = None
 
     async def _on_connection(self, stream: trio.abc.Stream) -> None:
         if self.draining:

@@ -95,6 +95,8 @@ class ClientWatch:
             if self._fds.get(fd) is watched:
                 del self._fds[fd]
                 self._unregister(fd)
+                if not self._fds and self._idle_wait is not None:
+                    self._idle_wait.cancel()  # nothing left to wait on: park (or end)
             return
         if watched.watcher is not None:
             watched.watcher.cancel()
