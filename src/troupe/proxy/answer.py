@@ -47,14 +47,21 @@ class ChildConnection:
         "raw",
         "read_timeout",
         "stream",
+        "tls",
         "used",
     )
 
     def __init__(
-        self, stream: trio.SocketStream, raw: socket.socket, read_timeout: float | None
+        self,
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+        raw: socket.socket,
+        read_timeout: float | None,
     ) -> None:
         self.stream = stream
         self.raw = raw  # the same socket, for a read right after it became readable
+        # TLS (a cluster node over https): every byte goes through the SSLStream, never
+        # the raw socket.
+        self.tls = isinstance(stream, trio.SSLStream)
         self.read_timeout = read_timeout  # longest silence from the child (--timeout)
         self.parser = httptools.HttpResponseParser(self)
         self.headers: list[tuple[bytes, bytes]] = []
@@ -135,6 +142,8 @@ class ChildConnection:
         """A read that first waits for the socket to be readable: right after a request
         went out the child has not answered yet, so a read tried first would only fail
         (a syscall and an exception) before the same wait."""
+        if self.tls:  # (and `drained` stays False: receive_raw must not read the socket)
+            return await self._receive()
         raw = self.raw
         try:
             await trio.lowlevel.wait_readable(raw)
@@ -182,7 +191,11 @@ class ChildConnection:
             # an interim answer (100 Continue): the real one follows
 
     def close_now(self) -> None:
-        self.stream.socket.close()
+        stream = self.stream
+        if isinstance(stream, trio.SSLStream):
+            stream.transport_stream.socket.close()
+        else:
+            stream.socket.close()
 
     def peer_closed(self) -> bool:
         """Whether an idle connection is unusable, found without blocking: the child
@@ -258,7 +271,7 @@ class UpstreamResponse:
         if conn.done:
             return b""
         try:
-            if conn.drained:
+            if conn.drained and not conn.tls:  # (TLS: every byte through the SSLStream)
                 # The last read emptied the socket: wait until it is readable, then read
                 # at once (no read that fails first, no second pass through the
                 # scheduler: one wake-up and one syscall per event).

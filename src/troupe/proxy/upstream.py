@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -135,8 +136,10 @@ class UpstreamPool:
         host: str = "127.0.0.1",
         connect_timeout: float = 10.0,
         read_timeout: float | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.host = host
+        self.tls = tls  # connections over TLS (a cluster node at an https URL)
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._children: dict[_Key, _Child] = {}
@@ -300,7 +303,21 @@ class UpstreamPool:
         except BaseException:
             sock.close()
             raise
-        return ChildConnection(trio.SocketStream(sock), raw, self.read_timeout)  # TCP_NODELAY set
+        stream = trio.SocketStream(sock)  # TCP_NODELAY set
+        if self.tls is None:
+            return ChildConnection(stream, raw, self.read_timeout)
+        secure = trio.SSLStream(stream, self.tls, server_hostname=self.host)
+        try:
+            with trio.fail_after(self.connect_timeout):
+                await secure.do_handshake()
+        except (trio.TooSlowError, trio.BrokenResourceError) as exc:
+            sock.close()
+            cause = exc.__cause__ or exc
+            raise Unreachable(f"TLS handshake with {self.host}:{port} failed: {cause}") from None
+        except BaseException:
+            sock.close()
+            raise
+        return ChildConnection(secure, raw, self.read_timeout)
 
     async def request(
         self,
@@ -364,7 +381,7 @@ class UpstreamPool:
             try:
                 # One write without a pass through the scheduler; it also tells whether
                 # any byte left (a connection already reset fails here, with none sent).
-                sent = conn.raw.send(wire)
+                sent = 0 if conn.tls else conn.raw.send(wire)
             except BlockingIOError:
                 sent = 0
             except OSError as exc:

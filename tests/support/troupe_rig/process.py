@@ -56,9 +56,9 @@ async def start_troupe(
         cwd=cwd,
     )
     started = TroupeProcess(process, "", b"")
-    await started.read_log_until(b"listening on http://", within)
+    await started.read_log_until(b"listening on http", within)  # http:// or https://
     # The URL ends at a space, or at the quote that ends a --log-format json message.
-    found = re.search(rb'listening on (http://[^\s"]+)', started.log)
+    found = re.search(rb'listening on (https?://[^\s"]+)', started.log)
     assert found is not None, started.log.decode(errors="replace")
     started.url = found.group(1).decode()
     return started
