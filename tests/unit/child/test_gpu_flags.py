@@ -6,12 +6,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
+
 from troupe.child.argcheck import engine_refusal
 from troupe.child.gpu_flags import gpu_flags, gpu_request
+from troupe.engine import Engine
+from troupe.hardware.devices import DeviceList
 from troupe.hardware.gpu_ids import engine_gpu_ids
+from troupe.hardware.host import HostMemory
 from troupe.hardware.listdevices import ListedDevice
-from troupe.hardware.nvml import GpuDevice
+from troupe.hardware.nvml import GpuDevice, GpuReport
+from troupe.router import gpu_ids
 from troupe.sched.devices import GpuPlan, GpuRequest
+from troupe.settings.router import RouterSettings
 
 GiB = 1 << 30
 IDS = {f"cuda:{i}": f"CUDA{i}" for i in range(8)}
@@ -100,3 +107,18 @@ def test_engine_ids_match_nvmls_gpus_only_when_they_agree() -> None:
     assert engine_gpu_ids(gpus, listed, {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}) == {}
     vulkan = [ListedDevice("Vulkan0", "H100", 81000, 80000)]
     assert engine_gpu_ids(gpus[:1], vulkan, {}) == {}
+
+
+def test_a_cpu_build_places_no_child_though_nvml_sees_cards(engine_path: Path) -> None:
+    """The engine troupe installs is a CPU build: NVML's cards are not its devices, so
+    no device flag is ever rendered (a --device CUDA0 would fail every load)."""
+    devices = DeviceList(
+        HostMemory(64 * GiB, 60 * GiB),
+        GpuReport((_gpu(0, 24, "GPU-aaaa"), _gpu(1, 24, "GPU-bbbb")), "580.65.06", 13000),
+    )
+    engine = Engine(engine_path, "test", "cpu")
+    assert gpu_ids(RouterSettings(), engine, devices, {}) == {}
+    off = attrs.evolve(RouterSettings(), gpu_placement="off")
+    assert gpu_ids(off, Engine(Path("/nonexistent"), "test", "x"), devices, {}) == {}
+    no_gpu = DeviceList(HostMemory(64 * GiB, 60 * GiB))
+    assert gpu_ids(RouterSettings(), Engine(Path("/nonexistent"), "t", "x"), no_gpu, {}) == {}
