@@ -1,7 +1,9 @@
 // troupe's dashboard: a card per model, live from /models/sse and /models, a log tail per
 // model from /logs/stream, two charts from /metrics (seeded with the server's recent
 // samples, /troupe/history, so a reload keeps them), and the recent requests
-// (/troupe/requests). Plain script, no build step.
+// (/troupe/requests). The memory chart plots what each model's child holds (its RSS, its
+// GPU memory), not the whole machine's. A model filter narrows cards, series and
+// requests to one model. Plain script, no build step.
 //
 // Every data route may need the API key, and a browser's EventSource cannot send an
 // Authorization header, so streams are read with fetch() and the key (asked for once,
@@ -16,10 +18,14 @@
   const MODELS_EVERY = 3000; // in-flight counts change without an event
   const ACTIVITY_ROWS = 25; // recent requests shown
   const GIB = 1024 ** 3;
+  const MIB = 1024 ** 2;
 
   let apiKey = sessionStorage.getItem(KEY_STORE) || "";
   let session = null; // the AbortController of the running streams and polls
   const cards = new Map(); // model -> {root, fields}
+  const live = new Map(); // model -> {streams, tps}: its streams now (GET /metrics)
+  const kvCounts = new Map(); // model -> {restored, saved}: the KV store's counters
+  let filter = ""; // the model the page is narrowed to ("" = all)
   const logs = new Map(); // model -> {lines: [], lastSeq}
   const $ = (id) => document.getElementById(id);
 
@@ -213,6 +219,9 @@
       const extra = item.troupe || {};
       setStatus(c, item.status.value);
       c.root.dataset.failed = String(Boolean(item.status.failed));
+      // Its child, as troupe ps shows it: pid and port, how long it has been up.
+      c.field("process").textContent = extra.pid ? `pid ${extra.pid}, port ${extra.port}` : "-";
+      c.field("up").textContent = extra.up_seconds == null ? "-" : duration(extra.up_seconds);
       c.field("in-flight").textContent = extra.in_flight ?? 0;
       const position = extra.queue_position ? ` (queue position ${extra.queue_position})` : "";
       const why = extra.wait_reason ? `: ${extra.wait_reason}` : "";
@@ -225,9 +234,8 @@
       c.field("cpu").textContent = cpuText(extra.cpu);
       const gpuField = c.field("gpu");
       if (gpuField) gpuField.textContent = gpuText(extra.gpu);
-      // Its stored conversations (troupe.kvstore); absent with --kv-store off.
-      const kv = extra.kv;
-      c.field("kv").textContent = kv ? `${kv.entries} saved, ${kv.entries ? bytesText(kv.bytes) : "0"}` : "off";
+      c.kv = extra.kv || null; // absent with --kv-store off
+      renderLive(item.id, c);
       const load = extra.last_load_seconds;
       c.field("last-load").textContent = load == null ? "-" : load.toFixed(2) + " s";
       c.field("last-eviction").textContent = extra.last_eviction || "-";
@@ -241,7 +249,71 @@
         cards.delete(model);
       }
     }
+    syncFilterOptions();
+    applyFilter();
   }
+
+  // "3m05s", as troupe ps writes how long a child has been up.
+  function duration(seconds) {
+    const s = Math.floor(seconds);
+    if (s < 60) return `${s}s`;
+    if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`;
+    return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+  }
+
+  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
+  // The KV store's words for a model (docs/kv-store.md): the conversations it keeps for
+  // the model, their size, and how many were restored into a slot or saved.
+  function kvText(kv, counts) {
+    if (!kv) return "off (--kv-store off)";
+    const { restored = 0, saved = 0 } = counts || {};
+    const held = kv.entries
+      ? `${plural(kv.entries, "conversation")} stored (${bytesText(kv.bytes)})`
+      : "no conversation stored yet";
+    const done = `${restored} restored, ${saved} saved since start`;
+    const off = kv.restore === "off" ? `; restores stopped: ${kv.restore_off}` : "";
+    return `${held}; ${done}${off}`;
+  }
+
+  // What changes between /models reads: its streams' tokens per second and its KV counts.
+  function renderLive(model, c) {
+    const now = live.get(model);
+    c.field("tokens-per-second").textContent = now
+      ? `${now.tps.toFixed(1)} (${plural(now.streams, "stream")} now)` : "-";
+    c.field("kv").textContent = kvText(c.kv, kvCounts.get(model));
+  }
+
+  // ----- the model filter ------------------------------------------------------------------
+
+  function syncFilterOptions() {
+    const select = $("model-filter");
+    const names = [...cards.keys()].sort();
+    const shown = [...select.options].slice(1).map((o) => o.value);
+    if (names.join("\n") !== shown.join("\n")) {
+      select.replaceChildren(select.options[0], ...names.map((name) => new Option(name, name)));
+      if (filter && !cards.has(filter)) filter = "";
+      select.value = filter;
+    }
+  }
+
+  function applyFilter() {
+    const hidden = (model) => Boolean(filter) && model !== filter;
+    for (const [model, c] of cards) c.root.hidden = hidden(model);
+    for (const tr of $("activity-rows").children) tr.hidden = hidden(tr.dataset.model);
+    if (charts.memory) {
+      memoryKeys().forEach((key, i) => {
+        const show = !hidden(key.split("|")[0]);
+        if (charts.memory.series[i + 1].show !== show) charts.memory.setSeries(i + 1, { show });
+      });
+    }
+    document.body.dataset.filter = filter;
+  }
+
+  $("model-filter").addEventListener("change", (event) => {
+    filter = event.target.value;
+    applyFilter();
+  });
 
   async function refresh() {
     try {
@@ -337,8 +409,15 @@
 
   const COLOURS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"];
   const charts = { memory: null, requests: null };
-  const history = { t: [], devices: new Map(), rps: [], inFlight: [] };
+  // models: "model|device" -> MiB its child held at each sample (null: no child then)
+  const history = { t: [], models: new Map(), rps: [], inFlight: [] };
   let lastRequests = null;
+
+  // The time axis: whole minutes only, written "14:05", at least 80 px apart, so its
+  // labels never overlap (uPlot's own labels, "2:05:30pm" every 30 s, did at 400 px).
+  const X_INCRS = [60, 120, 300, 600, 900, 1800, 3600];
+  const X_SPACE = 80;
+  const clock = (t) => new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
 
   function makeChart(el, labels) {
     const series = [{}].concat(labels.map((label, i) => ({
@@ -347,9 +426,40 @@
     // time scale wants), so its ticks read as minutes, not milliseconds of a young page.
     const span = (CHART_POINTS * METRICS_EVERY) / 1000;
     const range = (_u, min, max) => [Math.min(min, max - span), max];
-    return new uPlot({ width: el.clientWidth || 400, height: 170, series,
+    const values = (u, splits) => {
+      const texts = splits.map(clock);
+      // Where each label went (the browser test measures them for overlaps).
+      el.dataset.ticks = JSON.stringify(splits.map((s, i) => [u.valToPos(s, "x"), texts[i]]));
+      return texts;
+    };
+    const axes = [{ space: X_SPACE, incrs: X_INCRS, values }, {}];
+    return new uPlot({ width: el.clientWidth || 400, height: 170, series, axes,
                        scales: { x: { time: true, range } }, legend: { live: false } },
                      [[]].concat(labels.map(() => [])), el);
+  }
+
+  // A memory series' key, "model|device", and its legend label ("tiny-a", "tiny-a cuda:0").
+  const memoryKeys = () => [...history.models.keys()].sort();
+  const memoryLabel = (key) => {
+    const [model, device] = key.split("|");
+    return device === "host" ? model : `${model} ${device}`;
+  };
+
+  // One sample of what each child holds: {model: {device: bytes}}.
+  function pushMemory(held) {
+    const seen = new Set();
+    for (const [model, perDevice] of Object.entries(held)) {
+      for (const [device, n] of Object.entries(perDevice)) {
+        const key = `${model}|${device}`;
+        if (!history.models.has(key)) history.models.set(key, history.t.slice(0, -1).map(() => null));
+        push(history.models.get(key), n / MIB);
+        seen.add(key);
+      }
+    }
+    for (const [key, list] of history.models) {
+      if (!seen.has(key)) push(list, null);
+      if (list.every((v) => v === null)) history.models.delete(key); // out of the window
+    }
   }
 
   function push(list, value) {
@@ -361,17 +471,28 @@
     const value = (name, match = {}) => samples
       .filter((s) => s.name === name && Object.entries(match).every(([k, v]) => s.labels[k] === v))
       .reduce((sum, s) => sum + s.value, 0);
-    const totals = samples.filter((s) => s.name === "troupe_device_memory_total_bytes");
     push(history.t, now);
-    for (const total of totals) {
-      const dev = total.labels.device;
-      if (!history.devices.has(dev)) history.devices.set(dev, history.t.slice(0, -1).map(() => null));
-      const free = value("troupe_device_memory_free_bytes", { device: dev });
-      push(history.devices.get(dev), (total.value - free) / GIB);
+    const held = {};
+    for (const s of samples) {
+      if (s.name !== "troupe_model_memory_observed_bytes") continue;
+      (held[s.labels.model] ||= {})[s.labels.device] = s.value;
     }
-    for (const [dev, list] of history.devices) {
-      if (!totals.some((t) => t.labels.device === dev)) push(list, null);
+    pushMemory(held);
+    live.clear();
+    for (const s of samples) {
+      if (s.name === "troupe_model_stream_tokens_per_second") {
+        const streams = value("troupe_model_streams", { model: s.labels.model });
+        live.set(s.labels.model, { streams, tps: s.value });
+      }
     }
+    kvCounts.clear();
+    for (const model of cards.keys()) {
+      kvCounts.set(model, {
+        restored: value("troupe_kv_restores_total", { model, result: "restored" }),
+        saved: value("troupe_kv_saves_total", { model, result: "saved" }),
+      });
+    }
+    for (const [model, c] of cards) renderLive(model, c);
     const requests = value("troupe_proxied_requests_total");
     const rate = lastRequests ? (requests - lastRequests.n) / Math.max(0.001, now - lastRequests.t) : 0;
     lastRequests = { n: requests, t: now };
@@ -392,11 +513,7 @@
       let previous = null;
       for (const p of points) {
         push(history.t, p.time);
-        for (const [dev, used] of Object.entries(p.memory_used)) {
-          if (!history.devices.has(dev)) history.devices.set(dev, history.t.slice(0, -1).map(() => null));
-          push(history.devices.get(dev), used / GIB);
-        }
-        for (const [dev, list] of history.devices) if (!(dev in p.memory_used)) push(list, null);
+        pushMemory(p.models || {});
         const rate = previous ? (p.requests - previous.requests) / Math.max(0.001, p.time - previous.time) : 0;
         push(history.rps, Math.max(0, rate));
         push(history.inFlight, p.in_flight);
@@ -412,12 +529,16 @@
 
   function drawCharts() {
     $("charts").dataset.points = String(history.t.length);
-    const devices = [...history.devices.keys()];
-    if (!charts.memory || charts.memory.series.length !== devices.length + 1) {
+    const keys = memoryKeys();
+    const labels = keys.map(memoryLabel);
+    const drawn = charts.memory ? charts.memory.series.slice(1).map((s) => s.label) : null;
+    if (!drawn || drawn.join("\n") !== labels.join("\n")) {
       if (charts.memory) charts.memory.destroy();
-      charts.memory = makeChart($("chart-memory"), devices);
+      charts.memory = makeChart($("chart-memory"), labels);
+      $("chart-memory").dataset.series = JSON.stringify(labels);
+      applyFilter();
     }
-    charts.memory.setData([history.t, ...devices.map((d) => history.devices.get(d))]);
+    charts.memory.setData([history.t, ...keys.map((k) => history.models.get(k))]);
     if (!charts.requests) charts.requests = makeChart($("chart-requests"), ["req/s", "in flight"]);
     charts.requests.setData([history.t, history.rps, history.inFlight]);
     const x = charts.requests.scales.x;
@@ -471,6 +592,7 @@
       body.appendChild(tr);
     }
     $("activity-rows").replaceChildren(body);
+    applyFilter();
   }
 
   window.addEventListener("resize", () => {
