@@ -165,11 +165,182 @@ async def overheads(stack: ClusterStack, probes: int) -> list[str]:
     ]
 
 
+# ----- the fleet cases of issue 35, each beside today's behaviour ------------------------
+
+FLEET_MODELS = [TinyModel(name=f"f-{c}", seed=10 + i) for i, c in enumerate("abc")]
+
+
+def death_spread() -> list[str]:
+    """After a node's death, how many of its models each survivor takes (its models'
+    first live node): bounded second choices (now) vs the plain rendezvous order after
+    the home (before), over every node's death; pure placement, no process."""
+    import math  # noqa: PLC0415
+
+    from troupe.cluster import NodeFacts, Placement, rank  # noqa: PLC0415
+
+    out = []
+    for n_nodes, n_models in ((3, 6), (4, 12), (5, 12)):
+        urls = [f"http://10.0.0.{i}:8080" for i in range(1, n_nodes + 1)]
+        models = frozenset(f"model-{j}" for j in range(n_models))
+        placement = Placement([NodeFacts(u, models, {m: m for m in models}) for u in urls])
+        homes = placement.homes()
+        worst_now = worst_before = 0
+        for dead in urls:
+            now: dict[str, int] = {}
+            before: dict[str, int] = {}
+            for model, home in homes.items():
+                if home != dead:
+                    continue
+                order_now = [u for u in placement.order(model) if u != dead]
+                order_before = [u for u in rank(model, urls) if u not in (home, dead)]
+                now[order_now[0]] = now.get(order_now[0], 0) + 1
+                before[order_before[0]] = before.get(order_before[0], 0) + 1
+            worst_now = max(worst_now, *now.values(), 0)
+            worst_before = max(worst_before, *before.values(), 0)
+        bound = math.ceil(n_models / n_nodes) + 1
+        out.append(
+            f"  node death, {n_nodes} nodes x {n_models} models: most of a dead node's models "
+            f"one survivor takes: now {worst_now}, before {worst_before} "
+            f"(bound ceil(models/nodes)+1 = {bound})"
+        )
+    return out
+
+
+async def _ttft(http: httpx.AsyncClient, model: str, tokens: int) -> tuple[float, str, str]:
+    """(seconds to the first token, the node that served it, the finish reason)."""
+    body = {
+        "model": model,
+        "prompt": "hi",
+        "max_tokens": tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    start = time.perf_counter()
+    first = None
+    reason = ""
+    async with http.stream("POST", "/v1/completions", json=body) as resp:
+        node = resp.headers.get("x-troupe-node", "")
+        async for line in resp.aiter_lines():
+            if line.startswith("data: {") and first is None:
+                first = time.perf_counter() - start
+            if '"finish_reason":"length"' in line.replace(" ", ""):
+                reason = "length"
+    return (first if first is not None else float("nan")), node, reason
+
+
+async def streams_over_slots(models_dir: Path, work: Path, streams: int, tokens: int) -> list[str]:
+    """12 streams to a model whose child has 4 slots, warm on its home and on its third
+    node, cold on its second: with the agent (now) and without (today's static maxconn
+    8): p50/p95 time to first token, where they were served, HAProxy's view."""
+    from troupe_rig.cluster import haproxy_command  # noqa: PLC0415
+
+    out = []
+    model = FLEET_MODELS[0].name
+    for label, extra in (
+        ("agent (now)", []),
+        ("static maxconn 8 (today)", ["--cluster-agent-port", "off"]),
+    ):
+        async with open_cluster(
+            work / label.split()[0], [models_dir] * 3, [*NODE_ARGS, *extra]
+        ) as stack:
+            home, second, third = stack.order(model)
+            async with httpx.AsyncClient(base_url=stack.url, timeout=600) as http:
+                await http.post(
+                    "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 1}
+                )
+                await http.post("/models/load", params={"node": third.name}, json={"model": model})
+                await stack.loaded_on(model)
+                await trio.sleep(3)  # the agents' checks (1 s) and the peers' lists (2 s)
+                results: list[tuple[float, str, str]] = []
+
+                async def one(into: list[tuple[float, str, str]]) -> None:
+                    into.append(await _ttft(http, model, tokens))
+
+                start = time.perf_counter()
+                async with trio.open_nursery() as nursery:
+                    for _ in range(streams):
+                        nursery.start_soon(one, results)
+                total = time.perf_counter() - start
+            text = await haproxy_command(stack.socket, "show stat")
+            # show stat: pxname, svname, qcur, qmax, scur, smax, ...; the model's backend
+            rows = {
+                r[1]: r
+                for r in (line.split(",") for line in text.splitlines())
+                if len(r) > 7 and r[0].split("_", 1)[-1] == model
+            }
+            smax = rows[home.name][5] if home.name in rows else "?"
+            qmax = rows["BACKEND"][3] if "BACKEND" in rows else "?"
+            ttft = sorted(t for t, _, _ in results)
+            served = {
+                n.name: sum(1 for _, s, _ in results if s == n.name) for n in (home, second, third)
+            }
+            loaded = await stack.loaded_on(model)
+            out.append(
+                f"  {streams} streams x {tokens} tokens, 4 slots, {label:<26} ttft p50 "
+                f"{percentile(ttft, 50) * 1e3:7.0f} ms p95 {percentile(ttft, 95) * 1e3:7.0f} ms, "
+                f"total {total:6.1f} s; served home {served[home.name]} / cold second "
+                f"{served[second.name]} / warm third {served[third.name]}; home's most at once "
+                f"{smax}, HAProxy's queue max {qmax}; cold loads on the second: "
+                f"{int(second.name in loaded)}"
+            )
+    return out
+
+
+async def stopped_home(models_dir: Path, work: Path) -> list[str]:
+    """A home SIGSTOPped: a request another node forwards to it, with --cluster-timeout 1
+    (now) and 3600 (today's: the forward's read timeout), the client giving up at 25 s."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    out = []
+    model = FLEET_MODELS[1].name
+    for label, timeout in (("--cluster-timeout 1 (now)", "1"), ("no watch (today)", "3600")):
+        args = [*NODE_ARGS, "--cluster-timeout", timeout]
+        async with open_cluster(work / f"stop{timeout}", [models_dir] * 3, args) as stack:
+            home = stack.order(model)[0]
+            forwarder = next(n for n in stack.nodes if n is not home)
+            body = {"model": model, "prompt": "hello", "max_tokens": 4}
+            async with httpx.AsyncClient(timeout=25) as http:
+                await http.post(forwarder.url + "/v1/completions", json=body)
+                assert home.process is not None
+                pid = home.process.process.pid
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    start = time.perf_counter()
+                    try:
+                        resp = await http.post(forwarder.url + "/v1/completions", json=body)
+                        what = f"{resp.status_code} from {resp.headers.get('x-troupe-node')}"
+                    except httpx.TimeoutException:
+                        what = "client timed out"
+                    took = time.perf_counter() - start
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+            out.append(
+                f"  home SIGSTOPped, forwarded request, {label:<26} {what} after {took:5.1f} s"
+            )
+    return out
+
+
+async def fleet(work: Path, streams: int, tokens: int) -> list[str]:
+    write_tiny_models(work / "fleet-models", FLEET_MODELS)
+    out = death_spread()
+    out += await stopped_home(work / "fleet-models", work / "fleet")
+    out += await streams_over_slots(work / "fleet-models", work / "fleet", streams, tokens)
+    return out
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=240)
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--probes", type=int, default=200)
+    parser.add_argument("--streams", type=int, default=12)
+    parser.add_argument("--stream-tokens", type=int, default=400)
+    parser.add_argument(
+        "--only",
+        choices=("trace", "fleet"),
+        help="only the scale-out trace, or only the fleet cases",
+    )
     args = parser.parse_args()
     order = trace(args.requests)
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
@@ -180,11 +351,16 @@ async def main() -> int:
             f"{args.clients} clients, --models-max 2 per node, default child flags; "
             "all nodes on this machine (they share its cores)"
         )
-        print(await one_node(work / "models", work / "one", order, args.clients))
-        for text in await three_nodes(
-            work / "models", work / "three", order, args.clients, args.probes
-        ):
-            print(text)
+        if args.only != "fleet":
+            print(await one_node(work / "models", work / "one", order, args.clients))
+            for text in await three_nodes(
+                work / "models", work / "three", order, args.clients, args.probes
+            ):
+                print(text)
+        if args.only != "trace":
+            print("fleet cases (issue 35), each beside today's behaviour:")
+            for text in await fleet(work, args.streams, args.stream_tokens):
+                print(text, flush=True)
     return 0
 
 
