@@ -279,9 +279,10 @@ class UpstreamResponse:
                 try:
                     data = conn.raw.recv(READ_SIZE)
                 except BlockingIOError:
-                    data = await conn.stream.receive_some(READ_SIZE)
+                    data = bytes(await conn.stream.receive_some(READ_SIZE))
             else:
-                data = await conn.stream.receive_some(READ_SIZE)
+                # (bytes() of bytes is the same object; an SSLStream's may be a bytearray)
+                data = bytes(await conn.stream.receive_some(READ_SIZE))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise UpstreamError(f"connection to the child broke: {exc}") from exc
         if not data:
