@@ -153,6 +153,7 @@ class MemoryAdmission:
         stopping: bool,
         victim: Callable[[Collection[str]], str | None],
         config: ModelConfig | None = None,
+        pinned: Collection[str] = (),
     ) -> tuple[Verdict, bool]:
         """May ``name`` load now? And whether a new reading is needed first. ``stopping``:
         a model is on its way out already; ``victim``: the idle model to evict for it,
@@ -175,6 +176,7 @@ class MemoryAdmission:
             holders,
             config.gpu if config is not None else None,
             config.layers if config is not None else None,
+            kept=pinned,
         )
         if fit is None or not fit.short:
             self._plan(name, fit)

@@ -132,6 +132,7 @@ class LoadGate:
                 exclude=(name, *self._elsewhere(memory, devices)),
             ),
             config=m.config,
+            pinned=[o.name for o in table if o.pin and o.is_running],
         )
         if read:
             self._children.ask_memory()

@@ -167,10 +167,12 @@ class MemoryLedger:
         running: Mapping[str, int],
         request: GpuRequest | None = None,
         layers: int | None = None,
+        kept: Iterable[str] = (),
     ) -> Fit | None:
         """Where ``model`` goes now and what must be freed first (`Fit`); None when its
         need is unknown. ``request``: its own device flags (then it is not placed, and
-        counted on the devices they name); ``layers``: its layer count."""
+        counted on the devices they name); ``layers``: its layer count; ``kept``: models
+        never evicted (pinned): their room is not counted as room that could be freed."""
         need = self.need(model)
         if need is None:
             return None
@@ -186,6 +188,11 @@ class MemoryLedger:
             capacity = {
                 d.name: d.free + tracked.get(d.name, 0) for d in sample.devices if d.name != HOST
             }
+            for pinned in kept:
+                if pinned in others:
+                    for dev, n in (self.holding(pinned) or {}).items():
+                        if dev in capacity:
+                            capacity[dev] -= n
             sharing: dict[str, int] = {}
             for other in others:
                 for dev, n in (self.holding(other) or {}).items():

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from types import SimpleNamespace
 
+import attrs
 import pytest
 from hw_fakes import FakeGpu, FakeNvml
 
@@ -311,3 +312,18 @@ def test_models_shows_each_childs_cards(world: list[World]) -> None:
     assert shown is not None
     assert shown["devices"] == ["cuda:0", "cuda:1"]
     assert len(shown["tensor_split"]) == 2
+
+
+def test_room_a_pinned_model_holds_is_not_waited_for(world: list[World]) -> None:
+    """big would fit the card only without pinned p on it: it is offloaded in part now
+    instead of waiting for an eviction that never comes."""
+    w = World([24], {"p": 10, "big": 20})
+    world.append(w)
+    w.core.table.models["p"].config = attrs.evolve(w.core.table.models["p"].config, pin=True)
+    w.use("p")
+    w.use("big")
+    assert w.running() == {"p", "big"}
+    plan = w.spawns["big"].gpu
+    assert plan is not None
+    assert plan.layers is not None
+    assert w.gpus[0].free >= GiB
