@@ -378,28 +378,28 @@ def print_report(report: Report, targets: list[str]) -> None:
     def ratio_row(label: str, what: str, value: dict[str, float]) -> None:
         rows.append([label, what, *(_ratio(value[a], value[b]) for a, b in pairs)])
 
+    def cpu_row(what: str, value: dict[str, float]) -> None:  # (direct has no proxy)
+        rows.append(["", what, *("" if "direct" in (a, b) else _ratio(value[a], value[b])
+                                 for a, b in pairs)])  # fmt: skip
+
     for sc in report.scenarios:
         fig = {name: report.figures[(sc.label, name)] for name in targets}
         ratio_row(sc.label, "req/s", {t: f.load.rps for t, f in fig.items()})
         ratio_row("", "p50", {t: f.load.p50_s for t, f in fig.items()})
         ratio_row("", "p99", {t: f.load.p99_s for t, f in fig.items()})
-        per_req = {t: f.proxy_cpu_s / max(1, f.load.requests) for t, f in fig.items()}
-        rows.append(["", "proxy CPU/req",
-                     *("" if "direct" in (a, b) else _ratio(per_req[a], per_req[b])
-                       for a, b in pairs)])  # fmt: skip
+        cpu_row("proxy CPU/req", {t: f.proxy_cpu_s / max(1, f.load.requests)
+                                  for t, f in fig.items()})  # fmt: skip
     if report.sse:
         sse = report.sse
         ratio_row("SSE stream", "events/s", {t: sse[t].result.events_per_s for t in targets})
-        if "C++ router" in targets and "troupe" in targets:
-            per_event = {t: sse[t].proxy_cpu_s / max(1, sse[t].result.events) for t in targets}
-            rows.append(["", "proxy CPU/event", "", "",
-                         _ratio(per_event["troupe"], per_event["C++ router"])])  # fmt: skip
-    if report.sse_many and "C++ router" in targets and "troupe" in targets:
+        cpu_row(
+            "proxy CPU/event",
+            {t: sse[t].proxy_cpu_s / max(1, sse[t].result.events) for t in targets},
+        )
+    if report.sse_many:
         many = report.sse_many
         ratio_row("SSE streams at once", "events/s", {t: many[t][0].events_per_s for t in targets})
-        rows.append(["", "proxy CPU/event", "", "",
-                     _ratio(many["troupe"][0].cpu_us_per_event,
-                            many["C++ router"][0].cpu_us_per_event)])  # fmt: skip
+        cpu_row("proxy CPU/event", {t: many[t][0].cpu_us_per_event for t in targets})
     _table(rows, ["", "", *(f"{a}/{b}" for a, b in pairs)])
     if LOGGED in targets:
         print_access_log_cost(report)
