@@ -34,6 +34,10 @@ async def test_a_stream_is_its_owners_only(
         open_router(args, engine=engine_path, state_dir=tmp_path / "state", cwd=tmp_path) as r,
         r.client(timeout=60) as http,
     ):
+        # Loaded first: a stream that waits for the load gets troupe's progress comments
+        # ahead of the child's events, which a replay (the child's own) does not hold.
+        warm = {"model": "tiny-a", "prompt": "hi", "max_tokens": 1}
+        assert (await http.post("/v1/completions", json=warm, headers=alice)).status_code == 200
         body = {"model": "tiny-a", "prompt": "hello", "max_tokens": 6, "stream": True}
         first = await http.post(
             "/v1/completions", json=body, headers={**alice, "X-Conversation-Id": "conv-a"}
