@@ -229,14 +229,16 @@ class ChildLauncher:
             args = self.render_args(entry, port)
             if cpu is not None:
                 args += cpu_flags(cpu, lambda flag: entry.preset.get_spelling(flag) is not None)
-            if gpu is not None:
-                args += gpu_flags(
-                    gpu, self.gpu_ids, lambda flag: entry.preset.get_spelling(flag) is not None
-                )
             if kv is not None:
                 args = kv.launch_args(model, args, self._uses_swa(entry))
             elif self.kv is not None:  # no files (kv-store off): several tenants, steered
                 args = self.kv.launch_args(model, args, self._uses_swa(entry), files=False)
+            if gpu is not None:
+                # After the KV store's: its identity of the child stays the same whichever
+                # cards it runs on (a slot saved on one card restores on another).
+                args += gpu_flags(
+                    gpu, self.gpu_ids, lambda flag: entry.preset.get_spelling(flag) is not None
+                )
             self._last_args[model] = args
             return args
 
@@ -271,7 +273,10 @@ class ChildLauncher:
             args += ["--threads", "1", "--threads-batch", "1"]
         if self._kv(entry) is not None:  # the KV layout its child will have (--swa-full)
             args = KvService.measure_args(args, self._uses_swa(entry))
-        return args, {**self.environ, **self.catalog.child_env(entry)}
+        env = {**self.environ, **self.catalog.child_env(entry)}
+        if self.gpu_ids:
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # its rows name cards as NVML
+        return args, env
 
     def _layout(self, entry: ModelEntry, args: list[str]) -> list[str]:
         """``args`` with what the KV store adds to the KV layout (``--swa-full``): memory
