@@ -98,7 +98,10 @@ def validate_model(
 # GET): never counted against the slots, never queued behind requests that are.
 NO_SLOT_PATHS = frozenset(
     {"/tokenize", "/detokenize", "/apply-template", "/props", "/health", "/v1/health",
-     "/slots", "/metrics", "/models", "/v1/models", "/lora-adapters"}
+     "/slots", "/metrics", "/models", "/v1/models", "/lora-adapters",
+     "/v1/messages/count_tokens", "/chat/completions/input_tokens",
+     "/v1/chat/completions/input_tokens", "/responses/input_tokens",
+     "/v1/responses/input_tokens", "/v1/chat/completions/control"}
 )  # fmt: skip
 
 
