@@ -63,3 +63,28 @@ async def test_metrics_show_a_streams_tokens_per_second(fake_router: RouterFacto
         text = (await http.get("/metrics")).text
         assert "alpha" not in _samples(text, "troupe_model_streams")
         assert "alpha" not in _samples(text, "troupe_model_stream_tokens_per_second")
+
+
+async def test_metrics_show_an_ollama_streams_tokens_per_second(
+    fake_router: RouterFactory,
+) -> None:
+    """Open WebUI's Ollama connection streams /api/chat: counted as the OpenAI routes."""
+    async with fake_router({"alpha": {"fake-tps": "50"}}) as router, router.client() as http:
+        body = {
+            "model": "alpha",
+            "messages": [{"role": "user", "content": "hello"}],
+            "options": {"num_predict": 100000},
+        }
+        async with http.stream("POST", "/api/chat", json=body) as resp:
+            assert resp.status_code == 200
+            lines = resp.aiter_lines()
+            for _ in range(10):
+                assert json.loads(await anext(lines))["message"]["content"]
+            text = (await http.get("/metrics")).text
+            assert _samples(text, "troupe_model_streams") == {"alpha": 1.0}
+            speed = _samples(text, "troupe_model_stream_tokens_per_second")["alpha"]
+            assert 5 < speed < 500
+        with trio.fail_after(10):
+            await router.ctx.requests.wait_until(lambda r: r.path == "/api/chat")
+        text = (await http.get("/metrics")).text
+        assert "alpha" not in _samples(text, "troupe_model_streams")

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from troupe.kvstore import cached_in, tokens_in
+from troupe.proxy.relay import RelayReport
 
 __all__ = ["Answer", "created_at", "error_message"]
 
@@ -64,6 +65,8 @@ class Answer:
         self._calls: dict[int, Json] = {}
         self._calls_sent = False
         self.written = False  # the whole answer went to the client (its last line)
+        # A stream's lines with text as they go out (the dashboard's live tokens/s).
+        self.live = RelayReport(sse=True)
         self.finish: str | None = None
         self.prompt_n: int | None = None
         self.predicted_n: int | None = None

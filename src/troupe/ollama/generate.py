@@ -44,6 +44,7 @@ from troupe.ollama.requests import (
     generate_request,
 )
 from troupe.ops.access import AccessRecord
+from troupe.proxy.relay import RelayReport
 from troupe.proxy.upstream import UpstreamError, UpstreamResponse
 from troupe.realtime.translate import SSEDecoder
 from troupe.router import Router
@@ -103,10 +104,15 @@ async def _answer(
     async def work(grant: Grant, waited: float) -> None:
         answer = Answer(name, chat=chat, kind=child.kind, started=started, load_s=waited)
         answers.append(answer)
-        async with _on_slot(ctx, ex, grant, child) as hold:
-            body = {**child.body, **hold.fields()}
-            await _relay(ctx, ex, grant, child.target, body, answer, stream)
-            hold.tokens, hold.cached = answer.slot_tokens, answer.slot_cached
+        if stream:  # its tokens per second while it streams (GET /metrics, the dashboard)
+            ctx.streams.open(entry.name, answer.live)
+        try:
+            async with _on_slot(ctx, ex, grant, child) as hold:
+                body = {**child.body, **hold.fields()}
+                await _relay(ctx, ex, grant, child.target, body, answer, stream)
+                hold.tokens, hold.cached = answer.slot_tokens, answer.slot_cached
+        finally:
+            ctx.streams.close(answer.live)
 
     if not stream or not waits_for_load(ctx, entry.name):
         await lease(ctx, ex, entry, keep_alive, work, tokens, written=written)
@@ -216,11 +222,21 @@ async def _relay_events(ex: Exchange, upstream: UpstreamResponse, answer: Answer
                 return
             lines += answer.on_event(data)
         await _send_lines(ex, lines)
+        _count(answer.live, lines)
         if decoder.done:
             break
     await _send_lines(ex, [answer.final(whole=False)])
     answer.written = True  # (a client that leaves now did not leave early)
     await ex.send(ex.last_chunk)
+
+
+def _count(live: RelayReport, lines: list[dict[str, Any]]) -> None:
+    """Lines with text went out: counted as the relay counts an SSE stream's events."""
+    sent = sum(1 for line in lines if not line.get("done"))
+    if sent:
+        if live.first_body is None:
+            live.first_body = trio.current_time()
+        live.tokens += sent
 
 
 async def _send_lines(ex: Exchange, objects: list[dict[str, Any]]) -> None:
