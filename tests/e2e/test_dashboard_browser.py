@@ -8,6 +8,7 @@ the loop with `trio.from_thread`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -71,7 +72,6 @@ def drive(
             expect(page.locator("#key-form")).to_be_hidden()
             status = page.locator(card(page, "tiny-a") + " .status")
             expect(status).to_have_text("unloaded")
-
             # A request loads the model; the card follows /models/sse.
             assert trio.from_thread.run(request, "tiny-a") == 200
             expect(status).to_have_text("loaded")
@@ -94,6 +94,15 @@ def drive(
                 ".length === 2"
             )
             expect(page.locator("#summary")).to_contain_text("1 running")
+            # The memory chart plots the child (its RSS), by model: not the machine, "host".
+            page.wait_for_function(
+                "(document.querySelector('#chart-memory').dataset.series || '').includes('tiny-a')"
+            )
+            series = page.locator("#chart-memory").get_attribute("data-series") or "[]"
+            assert json.loads(series) == ["tiny-a"]
+            pid = trio.from_thread.run_sync(lambda: router.snapshot.models["tiny-a"].pid)
+            process = page.locator(card(page, "tiny-a") + " .process")
+            expect(process).to_contain_text(f"pid {pid}, port ")
             page.screenshot(path=str(shot), full_page=True)
 
             # The activity view: the request, its model, status and tokens (the ring's).

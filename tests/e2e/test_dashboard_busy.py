@@ -64,7 +64,11 @@ def drive(router: RunningRouter, chromium: Path, shot: Path) -> None:
             expect(alpha.locator(".tokens-per-second")).to_have_text(
                 re.compile(r"^\d+\.\d \(1 stream now\)$")
             )
-            expect(page.locator(card("beta") + " .tokens-per-second")).to_have_text("-")
+            # No stream now: the speed of its last request that ended (the child's timings).
+            expect(page.locator(card("beta") + " .tokens-per-second")).to_have_text(
+                re.compile(r"^none now \(last request \d+\.\d\)$")
+            )
+            expect(page.locator(card("gamma") + " .tokens-per-second")).to_have_text("-")
             # The KV store in words, not "0 saved, 0".
             expect(alpha.locator(".kv")).to_have_text(
                 "no conversation stored yet; 0 restored, 0 saved since start"
@@ -99,6 +103,12 @@ def drive(router: RunningRouter, chromium: Path, shot: Path) -> None:
             assert [name for name in shown if name in series] == ["alpha"]
             rows = page.locator("#activity-rows tr:visible")
             expect(rows.first).to_have_attribute("data-model", "alpha")
+            # The address keeps the choice: a reload shows the same model alone.
+            assert page.url.endswith("#model=alpha")
+            page.reload()
+            expect(page.locator("#connection")).to_have_text("live")
+            expect(page.locator("#model-filter")).to_have_value("alpha")
+            expect(page.locator(card("beta"))).to_be_hidden()
             page.select_option("#model-filter", "")
             expect(page.locator(card("beta"))).to_be_visible()
         finally:

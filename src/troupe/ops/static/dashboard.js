@@ -24,8 +24,10 @@
   let session = null; // the AbortController of the running streams and polls
   const cards = new Map(); // model -> {root, fields}
   const live = new Map(); // model -> {streams, tps}: its streams now (GET /metrics)
+  const lastSpeed = new Map(); // model -> tokens/s of its last request that ended
   const kvCounts = new Map(); // model -> {restored, saved}: the KV store's counters
-  let filter = ""; // the model the page is narrowed to ("" = all)
+  // The model the page is narrowed to ("" = all), kept in the address (#model=NAME).
+  let filter = new URLSearchParams(location.hash.slice(1)).get("model") || "";
   const logs = new Map(); // model -> {lines: [], lastSeq}
   const $ = (id) => document.getElementById(id);
 
@@ -279,8 +281,10 @@
   // What changes between /models reads: its streams' tokens per second and its KV counts.
   function renderLive(model, c) {
     const now = live.get(model);
+    const last = lastSpeed.get(model);
     c.field("tokens-per-second").textContent = now
-      ? `${now.tps.toFixed(1)} (${plural(now.streams, "stream")} now)` : "-";
+      ? `${now.tps.toFixed(1)} (${plural(now.streams, "stream")} now)`
+      : last == null ? "-" : `none now (last request ${last.toFixed(1)})`;
     c.field("kv").textContent = kvText(c.kv, kvCounts.get(model));
   }
 
@@ -292,7 +296,7 @@
     const shown = [...select.options].slice(1).map((o) => o.value);
     if (names.join("\n") !== shown.join("\n")) {
       select.replaceChildren(select.options[0], ...names.map((name) => new Option(name, name)));
-      if (filter && !cards.has(filter)) filter = "";
+      if (filter && !cards.has(filter)) filter = ""; // (a name in the address no longer served)
       select.value = filter;
     }
   }
@@ -312,6 +316,8 @@
 
   $("model-filter").addEventListener("change", (event) => {
     filter = event.target.value;
+    const address = location.pathname + location.search;
+    window.history.replaceState(null, "", filter ? `${address}#model=${encodeURIComponent(filter)}` : address);
     applyFilter();
   });
 
@@ -569,11 +575,16 @@
     const resp = await api("/troupe/requests?limit=" + ACTIVITY_ROWS, { signal });
     if (!resp.ok) return;
     const rows = (await resp.json()).data;
+    const seenSpeed = new Set();
     const body = document.createDocumentFragment();
     for (const r of rows) {
       const tr = document.createElement("tr");
       tr.dataset.model = r.model;
       tr.dataset.status = String(r.status);
+      if (!r.in_flight && r.tokens_per_second != null && !seenSpeed.has(r.model)) {
+        seenSpeed.add(r.model); // the newest ended request of the model (rows: newest first)
+        lastSpeed.set(r.model, r.tokens_per_second);
+      }
       const tokens = r.prompt_tokens == null && r.completion_tokens == null
         ? "-" : `${r.prompt_tokens ?? 0} + ${r.completion_tokens ?? 0}`;
       const waited = (r.queue_wait || 0) + (r.load_wait || 0);
