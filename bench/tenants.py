@@ -17,7 +17,10 @@ flood, the batch tenant's throughput (generated tokens per second, first request
 to last answer), and Jain's fairness index over tokens served per weight among
 backlogged tenants: a second phase where ``batch`` and ``batch2`` (same class, weight
 1) each send ``--pair`` requests at once, counted until the first of them is done
-(both backlogged until then). And, on the ``tenants`` side's router, the interactive
+(both backlogged until then). Keep ``--pair`` well above the child's 4 slots: the first
+flood's first requests take every free slot before the second flood arrives (with
+``--pair 4`` and every key equal, the first flood is done before the second gets any).
+And, on the ``tenants`` side's router, the interactive
 time to first token with no flood and the batch throughput alone.
 
     .venv/bin/python bench/tenants.py [--flood 200] [--every 3] [--sides tenants,equal]
