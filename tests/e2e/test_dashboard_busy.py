@@ -131,7 +131,7 @@ async def test_busy_dashboard_in_chromium(
     gate = tmp_path / "gate"  # never made: gamma stays loading
     sections = {
         "alpha": {"fake-tps": "20"},
-        "beta": {},
+        "beta": {"fake-tps": "40"},
         "gamma": {"fake-load-time": "600", "fake-load-gate": str(gate)},
     }
     shot = tmp_path / "dashboard-busy.png"
@@ -149,6 +149,7 @@ async def test_busy_dashboard_in_chromium(
             running = trio.Event()
             nursery.start_soon(_stream, router, running)
             await running.wait()
+            await router.ctx.history.wait_for(5)  # a few samples: the charts draw lines
             await trio.to_thread.run_sync(drive, router, chromium_path, shot)
             nursery.cancel_scope.cancel()
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)

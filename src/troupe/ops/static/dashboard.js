@@ -423,7 +423,10 @@
   // labels never overlap (uPlot's own labels, "2:05:30pm" every 30 s, did at 400 px).
   const X_INCRS = [60, 120, 300, 600, 900, 1800, 3600];
   const X_SPACE = 80;
-  const clock = (t) => new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  const clock = (t) => new Date(t * 1000).toLocaleTimeString([], { hour: "numeric", minute: "2-digit" });
+
+  // The y axis starts at 0: 29.90 to 29.93 MiB must not look like a climb.
+  const fromZero = (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1];
 
   function makeChart(el, labels) {
     const series = [{}].concat(labels.map((label, i) => ({
@@ -440,7 +443,8 @@
     };
     const axes = [{ space: X_SPACE, incrs: X_INCRS, values }, {}];
     return new uPlot({ width: el.clientWidth || 400, height: 170, series, axes,
-                       scales: { x: { time: true, range } }, legend: { live: false } },
+                       scales: { x: { time: true, range }, y: { range: fromZero } },
+                       legend: { live: false } },
                      [[]].concat(labels.map(() => [])), el);
   }
 
