@@ -88,3 +88,21 @@ async def test_metrics_show_an_ollama_streams_tokens_per_second(
             await router.ctx.requests.wait_until(lambda r: r.path == "/api/chat")
         text = (await http.get("/metrics")).text
         assert "alpha" not in _samples(text, "troupe_model_streams")
+
+
+async def test_childs_memory_is_shown_with_memory_admission_off(
+    fake_router: RouterFactory,
+) -> None:
+    """--models-memory-margin off reads no device, but the chart still gets each child's
+    RSS, live (GET /metrics) and in the history."""
+    async with (
+        fake_router({"alpha": {}}, "--models-memory-margin", "off") as router,
+        router.client() as http,
+    ):
+        assert (await http.post("/models/load", json={"model": "alpha"})).status_code == 200
+        await router.wait_for_status("alpha", Status.LOADED)
+        await router.ctx.history.wait_for(len(router.ctx.history.points()) + 1)
+        text = (await http.get("/metrics")).text
+        points = (await http.get("/troupe/history")).json()["points"]
+    assert _samples(text, "troupe_model_memory_observed_bytes")["alpha"] > 1 << 20
+    assert points[-1]["models"]["alpha"]["host"] > 1 << 20

@@ -10,11 +10,13 @@ import copy
 import logging
 from collections.abc import Iterable
 
+import trio
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 
 from troupe.actors.scheduler import Scheduler
 from troupe.ops.children import merge_families, scrape_children
+from troupe.ops.history import children_rss
 from troupe.ops.live import LiveStreams
 from troupe.ops.metrics import RouterMetrics
 from troupe.ops.state import ScrapeState, state_families
@@ -40,9 +42,9 @@ class _Families:
 
 async def _sample(scheduler: Scheduler, pids: list[int]) -> MemorySample | None:
     sampler = scheduler.sampler
-    if sampler is None:
-        return None
     try:
+        if sampler is None:  # memory admission off: what the children hold, from /proc
+            return await trio.to_thread.run_sync(children_rss, pids)
         return await sampler.asample(pids)
     except Exception as exc:  # a failed reading leaves the memory gauges out, not the scrape
         log.warning("memory reading for /metrics failed: %s", exc)

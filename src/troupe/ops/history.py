@@ -24,7 +24,7 @@ from troupe.ops.metrics import RouterMetrics
 from troupe.sched.devices import HOST
 from troupe.sched.memory import MemorySample
 
-__all__ = ["HISTORY_EVERY", "History"]
+__all__ = ["HISTORY_EVERY", "History", "children_rss"]
 
 log = logging.getLogger("troupe.history")
 
@@ -60,7 +60,7 @@ class History:
     async def _reading(self, scheduler: Scheduler, pids: list[int]) -> MemorySample | None:
         try:
             if scheduler.sampler is None:  # memory admission off: the children's RSS alone
-                return await trio.to_thread.run_sync(_rss_only, pids)
+                return await trio.to_thread.run_sync(children_rss, pids)
             return await scheduler.sampler.asample(pids)
         except Exception as exc:  # a failed reading leaves the point without memory
             log.debug("memory reading for the history failed: %s", exc)
@@ -94,8 +94,8 @@ class History:
             await trio.sleep(HISTORY_EVERY)
 
 
-def _rss_only(pids: list[int]) -> MemorySample:
-    """The children's RSS from /proc (no device reading)."""
+def children_rss(pids: list[int]) -> MemorySample:
+    """The children's RSS from /proc, without a device reading (memory admission off)."""
     footprint: dict[int, dict[str, int]] = {}
     for pid in pids:
         try:

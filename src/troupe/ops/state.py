@@ -125,7 +125,7 @@ def _memory_families(state: ScrapeState) -> list[Metric]:
         "Free device memory (host: MemAvailable)",
         ["device"],
     )
-    devices = state.sample.devices if state.sample else snap.devices
+    devices = state.sample.devices if state.sample and state.sample.devices else snap.devices
     for reading in devices:
         total.add_metric([reading.name], reading.total)
         free.add_metric([reading.name], reading.free)
