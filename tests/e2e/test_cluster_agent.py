@@ -3,8 +3,8 @@
 Three ``troupe serve`` nodes with the real engine (default child flags: 4 slots per
 child), configured by ``troupe cluster render``, which gives each model's server lines
 an ``agent-check`` on the node's agent port. Each node answers, per model, its child's
-slots as ``maxconn`` and ``drain`` where a cold load would be made while a warm copy
-has room. The official ``openai`` SDK streams through the balancer.
+slots as ``maxconn`` and a weight of 0 where a cold load would be made while a warm
+copy has room. The official ``openai`` SDK streams through the balancer.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ async def _rows(stack: ClusterStack, backend_model: str) -> dict[str, dict[str, 
 async def _until(stack: ClusterStack, model: str, server: str, key: str, value: str) -> None:
     # HAProxy has no event to wait on; its runtime API is asked until it agrees.
     with trio.fail_after(30):
-        # (a server the agent drained shows "DRAIN (agent)")
         while not (await _rows(stack, model)).get(server, {}).get(key, "").startswith(value):  # noqa: ASYNC110
             await trio.sleep(0.1)
 
@@ -92,7 +91,7 @@ async def test_twelve_streams_over_four_slots_fill_the_home_then_the_warm_copy(
         assert "agent-check" in stack.config
         await _until(stack, "tiny-a", home.name, "slim", str(SLOTS))
         await _until(stack, "tiny-a", third.name, "slim", str(SLOTS))
-        await _until(stack, "tiny-a", second.name, "status", "DRAIN")
+        await _until(stack, "tiny-a", second.name, "weight", "0")
 
         with trio.fail_after(240):
             results = await _all(stack.url, "tiny-a", 800)

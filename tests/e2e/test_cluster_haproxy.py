@@ -270,9 +270,12 @@ async def _listed(http: httpx.AsyncClient, url: str) -> list[str]:
 async def test_a_model_spills_to_its_next_node_only_while_its_home_is_full(
     tmp_path: Path, catalogues: list[Path], haproxy_path: Path
 ) -> None:
-    # --maxconn-per-model 1: a second request for a model while one is in flight on its
-    # home goes to the next node; once the home is free again, back to the home.
-    async with cluster(tmp_path, catalogues[:2], haproxy_path, maxconn=1) as stack:
+    # Children with one slot (--parallel 1), which each node's agent tells HAProxy
+    # (maxconn 1; the rendered --maxconn-per-model 1 holds until it first answers): a
+    # second request for a model while one is in flight on its home goes to the next
+    # node; once the home is free again, back to the home.
+    extra = ["--parallel", "1"]
+    async with cluster(tmp_path, catalogues[:2], haproxy_path, maxconn=1, extra=extra) as stack:
         home, spill = stack.order("tiny-a")
         node, _ = await trio.to_thread.run_sync(chat, stack.url, "tiny-a")
         assert node == home.name

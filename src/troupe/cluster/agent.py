@@ -1,22 +1,32 @@
 """HAProxy's agent check: each node tells the balancer, per model, what it can take.
 
-`troupe cluster render` gives every server line of a model's backend an ``agent-check``
-on this node's agent port with ``agent-send "MODEL\\n"`` (the ``troupe_any`` lines send
-an empty line). HAProxy connects every ``agent-inter``, sends that line and reads one
-line back (its agent protocol, HAProxy 2.6's configuration manual, "agent-check"):
+`troupe cluster render` gives every server line an ``agent-check`` on the node's agent
+port and ``weight 100``; HAProxy connects every ``agent-inter``, sends the line's
+``agent-send`` and reads one line back (its agent protocol, HAProxy 2.6's configuration
+manual, "agent-check"). ``troupe_any``'s lines send an empty line. A model's backend
+(``balance first``, in placement order) has its home's line, then each other node twice:
+a *warm* line (``MODEL<TAB>warm``), usable only while the model is loaded there, then,
+after every warm line, a *cold* line (``MODEL<TAB>cold``, server name ``nX-cold``),
+usable only while it is not. So the overflow of a full home goes to a node where the
+model is loaded with a slot free before any cold load, from what each node says of
+itself alone: a warm node that dies leaves the cold lines usable (no window in which
+no server is).
 
-- ``ready N% maxconn:S``: the model's child serves ``S`` requests at once (its slots,
-  ``--parallel``), so HAProxy sends this node at most ``S`` of that model's requests and
-  holds the rest in its own queue (visible there) or spills them to the next node,
-  instead of a static ``maxconn`` that let requests wait unseen inside troupe; the
-  weight is the share of slots free (at least 1%);
-- ``drain``: no new request (sessions under way go on) while the model is being
-  stopped or swapped out here, or the node is shutting down; and on a node where the
-  model is not loaded (and which is not its home) while another node has it loaded
-  with a slot free: the spill goes to that warm copy rather than a cold load here.
+The answers:
 
-The answer is worked out from this node's snapshot and the peers' last ``/models``
-(`agent_reply` is pure); no request waits on it.
+- ``N% maxconn:S`` for a usable line: ``S`` is the model's slots (its child's
+  ``--parallel``), so HAProxy sends that node at most ``S`` of the model's requests and
+  holds the rest in its own queue (visible there) or spills them to the next line,
+  instead of a static ``maxconn`` that let requests wait unseen inside troupe; ``N`` is
+  the share of slots free (at least 1: ``balance first`` only tells 0 from the rest);
+- ``0%``: the line takes no new request (those under way go on): the other line of
+  that node is the one in use, or the model is being stopped or swapped out there (unless
+  no other node can serve it: its requests then wait there, as on one node), or the
+  node is shutting down.
+
+The agent never answers ``ready``, ``drain`` or ``maint``: those set the administrative
+state an operator sets on the runtime API (``set server ... state drain``), which the
+agent would undo every second.
 """
 
 from __future__ import annotations
@@ -39,23 +49,27 @@ MAX_QUERY = 512
 
 
 def agent_reply(
-    model: str, view: ModelView | None, *, leaving: bool, home: bool, warm_elsewhere: bool
+    model: str, view: ModelView | None, *, leaving: bool, role: str = "", alone: bool = False
 ) -> str:
-    """One agent answer (a line, newline included) for ``model`` on this node."""
+    """One agent answer (a line, newline included) for ``model``'s line of ``role``
+    ("": the home's, "warm", "cold") on this node; ``alone``: no other node up can
+    serve the model."""
     if leaving:
-        return "drain\n"
+        return "0%\n"
     if not model or view is None:
-        return "ready\n"
-    if view.stopping or view.draining_for is not None:
-        return "drain\n"
+        return "100%\n"
+    if (view.stopping or view.draining_for is not None) and not alone:
+        return "0%\n"
     slots = max(1, view.slots or DEFAULT_SLOTS)
     if view.status.is_running:
+        if role == "cold":
+            return "0%\n"  # its warm line serves it
         free = max(0, slots - view.in_flight)
         weight = max(1, round(100 * free / slots)) if not view.waiting else 1
-        return f"ready {weight}% maxconn:{slots}\n"
-    if warm_elsewhere and not home:
-        return "drain\n"  # a cold load here while a warm copy has room: the copy first
-    return f"ready 100% maxconn:{slots}\n"
+        return f"{weight}% maxconn:{slots}\n"
+    if role == "warm":
+        return "0%\n"  # not loaded here: its cold line, after every warm one
+    return f"100% maxconn:{slots}\n"
 
 
 class Agent:
@@ -66,18 +80,17 @@ class Agent:
         self._snapshot = snapshot
 
     async def answer(self, query: str) -> str:
+        """The answer to one agent line: ``MODEL``, ``MODEL<TAB>ROLE``, or empty."""
         cluster = self._cluster
-        if cluster.leaving or not query:
-            return agent_reply(
-                query, None, leaving=cluster.leaving, home=False, warm_elsewhere=False
-            )
-        view = self._snapshot().models.get(query)
-        home = warm = False
-        if view is not None and not view.status.is_running:
-            order = (await cluster.placement()).order(query)
-            home = bool(order) and order[0] == cluster.self_url
-            warm = cluster.warm_elsewhere(query)
-        return agent_reply(query, view, leaving=False, home=home, warm_elsewhere=warm)
+        model, _, role = query.partition("\t")
+        if cluster.leaving or not model:
+            return agent_reply(model, None, leaving=cluster.leaving)
+        view = self._snapshot().models.get(model)
+        alone = False
+        if view is not None and (view.stopping or view.draining_for is not None):
+            order = (await cluster.placement()).order(model)
+            alone = all(u == cluster.self_url or cluster.peer(u).down for u in order)
+        return agent_reply(model, view, leaving=False, role=role, alone=alone)
 
     async def _one(self, stream: trio.SocketStream) -> None:
         async with stream:
@@ -88,7 +101,7 @@ class Agent:
                     if not chunk:
                         break
                     data += chunk
-            query = data.split(b"\n", 1)[0].strip().decode("utf-8", "replace")
+            query = data.split(b"\n", 1)[0].strip(b" \r").decode("utf-8", "replace")
             try:
                 reply = await self.answer(query)
                 with trio.move_on_after(READ_WITHIN):

@@ -42,10 +42,10 @@ __all__ = [
 
 _IDENT = re.compile(r"[^A-Za-z0-9_.:-]")
 NODE_HEADER = b"X-Troupe-Node"  # the node that served a request (set by the forwarding node)
-# The balancer names the node it sent a request to, unless that node forwarded it on
-# and named the node that served it.
+# The balancer names the node it sent a request to (a cold line's server "n2-cold" is
+# node n2), unless that node forwarded it on and named the node that served it.
 _NAME_NODE = (
-    "    http-response set-header X-Troupe-Node %[srv_name]"
+    "    http-response set-header X-Troupe-Node %[srv_name,field(1,-)]"
     " unless { res.hdr(x-troupe-node) -m found }"
 )
 
@@ -92,8 +92,9 @@ def _agent(port: int | None, inter: str, query: str) -> str:
     """The server line's agent check (`troupe.cluster.agent`), asking about ``query``."""
     if port is None:
         return ""
-    send = _quoted(query)[:-1] + '\\n"'
-    return f" agent-check agent-port {port} agent-inter {inter} agent-send {send}"
+    send = _quoted(query).replace("\t", "\\t")[:-1] + '\\n"'
+    # weight 100: the agent's percentages are of this (1% of the default 1 would be 0).
+    return f" weight 100 agent-check agent-port {port} agent-inter {inter} agent-send {send}"
 
 
 def _tls(url: str, options: RenderOptions) -> str:
@@ -215,14 +216,19 @@ def render_haproxy(
             f"    http-request set-header x-troupe-forwarded {_quoted(options.mark)}",
             _NAME_NODE,
         ]
-        for rank, url in enumerate(order, 1):
-            server = names.get(url)
-            if server is None:
-                continue  # a node that left the list
+        # The home, then each other node while the model is loaded there (its warm
+        # line), then each while it is not (its cold line, where it has an agent to say
+        # which: `troupe.cluster.agent`).
+        listed = [u for u in order if u in names]
+        rows = [(u, names[u], "") for u in listed[:1]]
+        rows += [(u, names[u], "\twarm" if u in agents else "") for u in listed[1:]]
+        rows += [(u, f"{names[u]}-cold", "\tcold") for u in listed[1:] if u in agents]
+        for rank, (url, server, role) in enumerate(rows, 1):
             lines.append(
                 f"    server {server} {_address(url)} id {rank} "
                 f"maxconn {options.maxconn_per_model}{_tls(url, options)} "
-                f"track troupe_any/{server}" + _agent(agents.get(url), options.agent_inter, model)
+                f"track troupe_any/{names[url]}"
+                + _agent(agents.get(url), options.agent_inter, model + role)
             )
     return "\n".join(lines) + "\n"
 

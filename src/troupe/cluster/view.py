@@ -234,30 +234,6 @@ class Cluster:
                     await copies.keep_alive(model, ttl)
                     given.add(model)
 
-    def warm_elsewhere(self, model: str) -> bool:
-        """Whether another node, not left out, had ``model`` loaded with a slot free at
-        the last look at the peers' ``/models`` (asking wakes the refresher when that
-        look is stale)."""
-        if self._stale():
-            self._wanted.set()
-        for url, doc in self._docs.items():
-            if url == self.self_url or self.peer(url).down:
-                continue
-            data = doc.get("data")
-            for item in data if isinstance(data, list) else []:
-                if not isinstance(item, dict) or item.get("id") != model:
-                    continue
-                status = item.get("status")
-                extras = item.get("troupe")
-                if not isinstance(status, dict) or status.get("value") != "loaded":
-                    continue
-                if not isinstance(extras, dict) or extras.get("stopping"):
-                    continue
-                slots, busy = extras.get("slots") or 4, extras.get("in_flight") or 0
-                if isinstance(slots, int) and isinstance(busy, int) and busy < slots:
-                    return True
-        return False
-
     # ----- the peers' /models -------------------------------------------------------------
 
     async def docs(self, *, fresh: bool = False) -> dict[str, Mapping[str, Any]]:
