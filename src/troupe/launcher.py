@@ -21,8 +21,8 @@ from troupe.actors.memory import ObservedStore
 from troupe.catalog import Catalog, ModelEntry, build_catalog
 from troupe.catalog.build import base_preset
 from troupe.catalog.facts import FactsCache
+from troupe.catalog.figure import estimated_need, kv_swa_full, with_kv_layout
 from troupe.catalog.hfcache import cache_dir
-from troupe.catalog.memory import model_need
 from troupe.catalog.prepared import PreparedCatalog
 from troupe.catalog.removal import remove_cached
 from troupe.catalog.render import restart_key
@@ -41,13 +41,28 @@ from troupe.sched.devices import GpuPlan, GpuRequest
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
 
-__all__ = ["ChildLauncher", "fingerprint"]
+__all__ = ["ChildLauncher", "fingerprint", "projection_argv"]
 
 log = logging.getLogger("troupe.launcher")
 
 # Options that name a file: the engine's parser only stores them (the child's load
 # reports a missing one), so a section that adds only these needs no check.
 _PATH_ENVS = frozenset({"LLAMA_ARG_MODEL", "LLAMA_ARG_MMPROJ", "LLAMA_ARG_ALIAS"})
+
+
+def projection_argv(
+    catalog: Catalog, entry: ModelEntry, engine: str, environ: Mapping[str, str], swa_full: bool
+) -> list[str]:
+    """The engine's memory projection for ``entry``: its child's own command line (the
+    router's measurement and ``troupe doctor`` alike, so both show one need)."""
+    args = catalog.child_args(
+        entry, free_port(), bin_path=engine, app_cmd=environ.get("LLAMA_APP_CMD", "")
+    )
+    if cpu_request(entry.preset.get_spelling) is None:
+        # A projection computes nothing worth a second thread (it stops before the
+        # weights load): one thread, so it never competes with a child that serves.
+        args += ["--threads", "1", "--threads-batch", "1"]
+    return with_kv_layout(args, swa_full)  # the KV layout its child will have (--swa-full)
 
 
 def fingerprint(args: list[str]) -> str:
@@ -159,9 +174,8 @@ class ChildLauncher:
         for e in catalog:
             args = catalog.child_args(e, 0, bin_path=str(self.engine.path))
             fp = fingerprint(self._layout(e, args))
-            swa_full = self._kv(e) is not None and self._uses_swa(e)  # the store adds it
-            need = self.observed.get(e.name, fp) or model_need(
-                e, self.facts, self.gpus, swa_full=swa_full
+            need = self.observed.get(e.name, fp) or estimated_need(
+                e, self.facts, self.gpus, kv_store=self._kv(e) is not None
             )
             configs.append(
                 ModelConfig(
@@ -266,13 +280,8 @@ class ChildLauncher:
         entry = self.catalog.get(model)
         if entry is None:
             raise ConfigError(f"model {model} is not in the catalogue")
-        args = self.render_args(entry, free_port())
-        if cpu_request(entry.preset.get_spelling) is None:
-            # A projection computes nothing worth a second thread (it stops before the
-            # weights load): one thread, so it never competes with a child that serves.
-            args += ["--threads", "1", "--threads-batch", "1"]
-        if self._kv(entry) is not None:  # the KV layout its child will have (--swa-full)
-            args = KvService.measure_args(args, self._uses_swa(entry))
+        swa_full = kv_swa_full(entry, self.facts, self._kv(entry) is not None)
+        args = projection_argv(self.catalog, entry, str(self.engine.path), self.environ, swa_full)
         env = {**self.environ, **self.catalog.child_env(entry)}
         if self.gpu_ids:
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # its rows name cards as NVML

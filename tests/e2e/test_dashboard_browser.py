@@ -48,6 +48,21 @@ def drive(
 ) -> None:
     """The browser's side of the test (in a worker thread)."""
 
+    async def figure(model: str) -> tuple[str, str]:
+        """The card's context and memory need as GET /models gives them, once the
+        engine has projected the model (troupe doctor and troupe models show the same)."""
+        await router.ctx.scheduler.wait_until(
+            lambda snap: snap.models[model].memory_source == "engine"
+        )
+        async with router.client(headers={"Authorization": f"Bearer {KEY}"}) as http:
+            items = (await http.get("/models")).json()["data"]
+        extra = next(m for m in items if m["id"] == model)["troupe"]
+        context = f"{extra['context']['n_ctx']} ({extra['context']['why']})"
+        need = ", ".join(
+            f"{dev} {n / 2**20:.1f} MiB" for dev, n in extra["memory"]["need_bytes"].items()
+        )
+        return context, f"{need} (engine)"
+
     async def request(model: str) -> int:
         async with router.client(headers={"Authorization": f"Bearer {KEY}"}) as http:
             body = {"model": model, "prompt": "hello", "n_predict": 4}
@@ -72,6 +87,11 @@ def drive(
             expect(page.locator("#key-form")).to_be_hidden()
             status = page.locator(card(page, "tiny-a") + " .status")
             expect(status).to_have_text("unloaded")
+            shown_context, need = trio.from_thread.run(figure, "tiny-a")
+            assert shown_context == "256 (ctx-size)"
+            expect(page.locator(card(page, "tiny-a") + " .context")).to_have_text(shown_context)
+            expect(page.locator(card(page, "tiny-a") + " .memory-need")).to_have_text(need)
+
             # A request loads the model; the card follows /models/sse.
             assert trio.from_thread.run(request, "tiny-a") == 200
             expect(status).to_have_text("loaded")

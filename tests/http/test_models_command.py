@@ -25,13 +25,17 @@ async def test_table_with_live_status(
         code = await trio.to_thread.run_sync(run_models, [*args, "--url", router.url])
     assert code == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["NAME", "SOURCE", "SIZE", "CONTEXT", "CAPABILITIES", "FIT", "STATUS"]
+    assert out[0].split() == [
+        "NAME", "SOURCE", "SIZE", "CONTEXT", "NEED", "CAPABILITIES", "FIT", "STATUS"
+    ]  # fmt: skip
     rows = {line.split()[0]: line.split() for line in out[1:]}
     assert rows["m-one"][1] == "models_dir"
     assert rows["m-one"][-1] == "loaded"
     assert rows["m-two"][-1] == "unloaded"
     assert rows["m-one"][4] == "512"  # the tiny model's trained context
-    assert rows["m-one"][6] == "GREEN"  # a few MiB fit anywhere
+    # The router's need, with its source (SIZE and NEED are "N MiB": two words each).
+    assert rows["m-one"][7] in ("(engine)", "(estimate)")
+    assert rows["m-one"][-2] == "GREEN"  # a few MiB fit anywhere
 
 
 def test_without_a_router_status_is_unknown(

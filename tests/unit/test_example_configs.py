@@ -48,3 +48,8 @@ def test_demo_preset(table: OptionTable) -> None:
     entry = catalog.get("gemma-3-270m")
     assert entry is not None
     assert entry.sorted_aliases == ("gemma",)
+    # Gemma's own chat format (the GGUF has none) and a bound on an answer's length.
+    template = entry.preset.get("LLAMA_ARG_CHAT_TEMPLATE_FILE")
+    assert template == "configs/gemma3-chat.jinja"
+    assert "<start_of_turn>" in (ROOT / template).read_text()
+    assert entry.preset.get("LLAMA_ARG_N_PREDICT") == "256"

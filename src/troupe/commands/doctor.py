@@ -14,7 +14,7 @@ from pathlib import Path
 
 from troupe.catalog import Catalog, ModelEntry, build_catalog
 from troupe.catalog.facts import FactsCache
-from troupe.catalog.memory import model_need
+from troupe.catalog.figure import child_context, estimated_need, kv_swa_full
 from troupe.commands.projection import engine_needs
 from troupe.errors import ConfigError, EngineNotFound, UsageError
 from troupe.gguf import GGUFError, read_model_facts, shard_paths
@@ -151,9 +151,16 @@ def _file_bytes(paths: Sequence[str | Path]) -> int:
 
 
 def _model_row(
-    entry: ModelEntry, ram: int, gpus: list[int], engine_need: Mapping[str, int] | None = None
+    entry: ModelEntry,
+    ram: int,
+    gpus: list[int],
+    engine_need: Mapping[str, int] | None = None,
+    *,
+    kv_store: bool = True,
+    facts_cache: FactsCache | None = None,
 ) -> list[str]:
-    """NAME, SIZE, CONTEXT, NEED, FIT for one catalogue model."""
+    """NAME, SIZE, CONTEXT, NEED, FIT for one catalogue model: the context and need of
+    `troupe.catalog.figure`, as troupe models and GET /models show them."""
     name = entry.name + (" (hidden)" if entry.hidden else "")
     if entry.model_path is None:
         return [name, "-", "-", "-", "not on disk (downloaded on first use)"]
@@ -165,11 +172,14 @@ def _model_row(
     if facts.rejection:
         return [name, size, "-", "-", f"not loadable: {facts.rejection}"]
     mmproj = _file_bytes([entry.mmproj_path]) if entry.mmproj_path else 0
+    cache = facts_cache or FactsCache()
+    swa_full = kv_swa_full(entry, cache, kv_store)
     try:
-        est = estimate_memory(entry.preset, facts, mmproj)
+        est = estimate_memory(entry.preset, facts, mmproj, swa_full=swa_full)
     except ValueError as exc:
         return [name, size, "-", "-", f"cannot estimate: {exc}"]
-    context = f"{est.n_ctx} ({est.context_reason})"
+    shown = child_context(entry, cache)
+    context = str(shown) if shown is not None else "?"
     if engine_need:
         # The engine's own projection with the child's argv: what the router admits by.
         total = sum(engine_need.values())
@@ -178,9 +188,12 @@ def _model_row(
         )
     else:
         # No projection: the same estimate the router falls back to (header + buffers).
-        need = model_need(entry, FactsCache())
+        need = estimated_need(entry, cache, kv_store=kv_store)
         total = sum(need.values()) if need else est.total
-        parts = f"estimate: weights {format_bytes(est.weights)} + KV {format_bytes(est.kv_cache)}"
+        parts = (
+            f"estimate at context {est.n_ctx}: weights {format_bytes(est.weights)}"
+            f" + KV {format_bytes(est.kv_cache)}"
+        )
         if est.mmproj:
             parts += f" + mmproj {format_bytes(est.mmproj)}"
         if total > est.total:
@@ -200,31 +213,45 @@ def _table(rows: list[list[str]]) -> list[str]:
     ]
 
 
-def _catalog(build: EngineBuild, rest: list[str]) -> Catalog:
+def _catalog(build: EngineBuild, rest: list[str]) -> tuple[Catalog, bool]:
+    """The catalogue ``serve`` would build, and whether its KV store is on."""
     prepared = prepare_router(["--engine", str(build.path), *rest])
     if isinstance(prepared, list):
         raise UsageError("doctor reports on a router's catalogue: leave out -m/--model, -hf, -mu")
     _engine, table, settings = prepared
     try:
-        return build_catalog(settings, table, dict(os.environ), Path.cwd())
+        catalog = build_catalog(settings, table, dict(os.environ), Path.cwd())
     except ConfigError as exc:
         raise ConfigError(f"failed to initialize router models: {exc}") from None
+    return catalog, settings.kv_store == "on"
 
 
 def _model_lines(
-    catalog: Catalog, devices: DeviceList, gpus: list[int], engine: str | None = None
+    catalog: Catalog,
+    devices: DeviceList,
+    gpus: list[int],
+    engine: str | None = None,
+    *,
+    kv_store: bool = True,
 ) -> list[str]:
     lines = [
         "",
-        f"Models ({len(catalog)}; SIZE on disk; NEED: the engine's own projection with each "
-        "child's arguments, as the router admits by (else the GGUF header's estimate at the "
-        "smallest context each may run with); GET /models shows the same, with its source)",
+        f"Models ({len(catalog)}; SIZE on disk; CONTEXT: the one each child starts with; "
+        "NEED: the engine's own projection with each child's arguments, as the router admits "
+        "by (else the GGUF header's estimate at the smallest context each may run with); "
+        "troupe models and GET /models show the same, with its source)",
     ]
     if not len(catalog):
         return [*lines, "  none (give --models-dir or --models-preset)"]
     rows = [["NAME", "SIZE", "CONTEXT", "NEED", "FIT"]]
-    needs = engine_needs(catalog, engine) if engine is not None else {}
-    rows += [_model_row(e, devices.host.total, gpus, needs.get(e.name)) for e in catalog]
+    facts = FactsCache()
+    needs = engine_needs(catalog, engine, facts, kv_store=kv_store) if engine is not None else {}
+    rows += [
+        _model_row(
+            e, devices.host.total, gpus, needs.get(e.name), kv_store=kv_store, facts_cache=facts
+        )
+        for e in catalog
+    ]
     return lines + _table(rows)
 
 
@@ -253,7 +280,9 @@ def run_doctor(args: list[str]) -> int:
         lines += ["", "Models: not listed, since no engine build can run here"]
         print("\n".join(lines))
         return 1
-    catalog = _catalog(choice.build, rest)
-    lines += _model_lines(catalog, devices, _gpu_totals(choice, devices), str(choice.build.path))
+    catalog, kv_store = _catalog(choice.build, rest)
+    lines += _model_lines(
+        catalog, devices, _gpu_totals(choice, devices), str(choice.build.path), kv_store=kv_store
+    )
     print("\n".join(lines))
     return 0

@@ -19,7 +19,7 @@ import httpx
 from troupe.actors.memory import gpu_name
 from troupe.catalog import build_catalog
 from troupe.catalog.facts import FactsCache, file_bytes
-from troupe.catalog.memory import model_need
+from troupe.catalog.figure import child_context, estimated_need
 from troupe.commands.table import print_table
 from troupe.commands.urls import default_url, router_url
 from troupe.errors import ConfigError, TroupeError, UsageError
@@ -46,7 +46,7 @@ child runs with, capabilities, whether it fits this machine, and its status.
 
 Without catalogue flags, troupe models asks the default router; when none
 answers, it lists the Hugging Face cache's models."""
-HEADERS = ("NAME", "SOURCE", "SIZE", "CONTEXT", "CAPABILITIES", "FIT", "STATUS")
+HEADERS = ("NAME", "SOURCE", "SIZE", "CONTEXT", "NEED", "CAPABILITIES", "FIT", "STATUS")
 
 
 def _take(args: list[str], flag: str) -> str | None:
@@ -85,6 +85,7 @@ def _remote_row(item: dict[str, Any]) -> dict[str, Any]:
     gguf = extra.get("gguf") if isinstance(extra, dict) else None
     gguf = gguf if isinstance(gguf, dict) else {}
     memory = extra.get("memory") if isinstance(extra, dict) else None
+    context = extra.get("context") if isinstance(extra, dict) else None
     need = memory.get("need_bytes") if isinstance(memory, dict) else None
     arch = item.get("architecture")
     inputs = arch.get("input_modalities", []) if isinstance(arch, dict) else []
@@ -97,7 +98,8 @@ def _remote_row(item: dict[str, Any]) -> dict[str, Any]:
         "name": item["id"],
         "source": str(item.get("source", "?")),
         "size_bytes": gguf.get("file_bytes", gguf.get("size_bytes")),
-        "context": gguf.get("context_length"),
+        "context": context.get("n_ctx") if isinstance(context, dict) else None,
+        "context_why": context.get("why") if isinstance(context, dict) else None,
         "capabilities": ",".join(["text", *caps]),
         "aliases": list(item.get("aliases") or []),
         "need_bytes": sum(need.values()) if isinstance(need, dict) else None,
@@ -105,6 +107,13 @@ def _remote_row(item: dict[str, Any]) -> dict[str, Any]:
         "fit": str(memory.get("feasibility", "?")) if isinstance(memory, dict) else "?",
         "status": _status_of(item),
     }
+
+
+def _need(row: dict[str, Any]) -> str:
+    """The need as doctor shows it: the figure, then where it comes from."""
+    if row["need_bytes"] is None:
+        return "?"
+    return f"{format_bytes(row['need_bytes'])} ({row['need_source'] or '?'})"
 
 
 def _capabilities(facts: ModelFacts | str | None, inputs: Sequence[str]) -> str:
@@ -136,9 +145,13 @@ def model_rows(argv: Sequence[str]) -> tuple[list[dict[str, Any]], str, tuple[st
     rows = []
     devices = read_devices()
     gpus = tuple(gpu_name(g.index) for g in devices.gpus)
+    kv_store = settings.kv_store == "on"
     for entry in catalog.visible():
         f = facts.facts(entry.model_path)
-        need = model_need(entry, facts, gpus)
+        # The figure the router would show for these flags (troupe.catalog.figure): the
+        # context its child starts with, the estimate for its own KV layout.
+        need = estimated_need(entry, facts, gpus, kv_store=kv_store)
+        context = child_context(entry, facts)
         fit = None
         if need:
             fit = feasibility(
@@ -151,7 +164,8 @@ def model_rows(argv: Sequence[str]) -> tuple[list[dict[str, Any]], str, tuple[st
                 "name": entry.name,
                 "source": str(entry.source),
                 "size_bytes": file_bytes(entry.model_path, f),
-                "context": f.context_length if isinstance(f, ModelFacts) else None,
+                "context": context.n_ctx if context is not None else None,
+                "context_why": context.why if context is not None else None,
                 "capabilities": _capabilities(f, entry.architecture.input_modalities),
                 "aliases": list(entry.sorted_aliases),
                 "need_bytes": sum(need.values()) if need else None,
@@ -211,6 +225,7 @@ def run_models(args: list[str]) -> int:
                 # The running router's figure (the engine's projection, once made): the
                 # one memory need everywhere, with its source.
                 row["need_bytes"], row["need_source"] = there["need_bytes"], there["need_source"]
+                row["fit"] = there["fit"]
     if not rows and found is not None:
         print(f"(no models at {url_flag or default_url()})")
         return 0
@@ -230,6 +245,7 @@ def run_models(args: list[str]) -> int:
             r["source"],
             format_bytes(r["size_bytes"]),
             str(r["context"] or "?"),
+            _need(r),
             r["capabilities"],
             r["fit"],
             r["status"],

@@ -2,9 +2,10 @@
 models by (its measure jobs, `troupe.actors.measure`), so doctor and ``GET /models``
 show one need for one model, each named by its source.
 
-Each model's projection runs with exactly the argv its child would get (one thread, as
-the router's projections do), two at a time; a model the engine cannot project (``--fit
-off``, an unreadable file) keeps the GGUF header's estimate.
+Each model's projection runs with exactly the argv the router's own projection uses
+(`troupe.launcher.projection_argv`: the child's, one thread, the KV store's layout),
+two at a time; a model the engine cannot project (``--fit off``, an unreadable file)
+keeps the GGUF header's estimate.
 """
 
 from __future__ import annotations
@@ -16,34 +17,39 @@ import trio
 
 from troupe.actors.measure import MeasureJob
 from troupe.catalog import Catalog
-from troupe.child.cpu_flags import cpu_request
-from troupe.child.ports import free_port
+from troupe.catalog.facts import FactsCache
+from troupe.catalog.figure import kv_swa_full
+from troupe.launcher import projection_argv
 from troupe.messages import Measured, Message
 
 __all__ = ["engine_needs"]
 
 AT_ONCE = 2  # projections in parallel (each on one thread)
-# A projection takes ~0.3 s; one that takes longer (fit searching for a context that
-# fits) falls back to the estimate rather than holding doctor up for the router's 60 s.
-DOCTOR_TIMEOUT = 5.0
+# A projection takes ~0.3 s for a tiny model, ~2 s for Gemma 3 270M at 32k (one thread,
+# idle priority); one that takes longer (fit searching for a context that fits, a busy
+# machine) falls back to the estimate rather than holding doctor up for the router's 60 s.
+DOCTOR_TIMEOUT = 20.0
 
 
-def engine_needs(catalog: Catalog, engine: str) -> dict[str, Mapping[str, int]]:
-    """Bytes per device each model's child would take, by model, where the engine said."""
-    return trio.run(_needs, catalog, engine)
+def engine_needs(
+    catalog: Catalog, engine: str, facts: FactsCache, *, kv_store: bool
+) -> dict[str, Mapping[str, int]]:
+    """Bytes per device each model's child would take, by model, where the engine said;
+    ``kv_store``: the router's KV store is on (its children's KV layout, `kv_swa_full`)."""
+    return trio.run(_needs, catalog, engine, facts, kv_store)
 
 
-async def _needs(catalog: Catalog, engine: str) -> dict[str, Mapping[str, int]]:
+async def _needs(
+    catalog: Catalog, engine: str, facts: FactsCache, kv_store: bool
+) -> dict[str, Mapping[str, int]]:
     entries = [e for e in catalog if e.model_path is not None]
     send, receive = trio.open_memory_channel[Message](len(entries) or 1)
     limiter = trio.CapacityLimiter(AT_ONCE)
-    app_cmd = os.environ.get("LLAMA_APP_CMD", "")
     found: dict[str, Mapping[str, int]] = {}
     async with trio.open_nursery() as nursery, send:
         for entry in entries:
-            argv = catalog.child_args(entry, free_port(), bin_path=engine, app_cmd=app_cmd)
-            if cpu_request(entry.preset.get_spelling) is None:
-                argv += ["--threads", "1", "--threads-batch", "1"]
+            swa_full = kv_swa_full(entry, facts, kv_store)
+            argv = projection_argv(catalog, entry, engine, os.environ, swa_full)
             job = MeasureJob(
                 entry.name,
                 "doctor",

@@ -8,6 +8,7 @@ import trio
 
 from troupe.catalog import ModelEntry
 from troupe.catalog.facts import facts_json, file_bytes
+from troupe.catalog.figure import child_context
 from troupe.hardware.cpus import format_cpus
 from troupe.hardware.feasibility import feasibility
 from troupe.ops.load_log import load_percent
@@ -170,6 +171,9 @@ def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict
     if extras["gguf"] is not None and "error" not in extras["gguf"]:
         extras["gguf"]["file_bytes"] = file_bytes(entry.model_path, facts)
     extras["memory"] = _memory(ctx, view)
+    # The context its child starts with, as troupe doctor and troupe models show it.
+    context = child_context(entry, ctx.facts)
+    extras["context"] = context.to_json() if context is not None else None
     extras["rejected"] = rejected
     if ctx.kv is not None and ctx.kv.store is not None:  # (no files: no store to show)
         entries, size = ctx.kv.usage(entry.name)

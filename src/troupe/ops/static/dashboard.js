@@ -228,6 +228,9 @@
       const position = extra.queue_position ? ` (queue position ${extra.queue_position})` : "";
       const why = extra.wait_reason ? `: ${extra.wait_reason}` : "";
       c.field("waiting").textContent = (extra.waiting ?? 0) + position + why;
+      // The context its child starts with and its need: troupe doctor's and troupe models' figures.
+      const context = extra.context;
+      c.field("context").textContent = context ? `${context.n_ctx} (${context.why})` : "-";
       const memory = extra.memory || {};
       const source = memory.source ? ` (${memory.source})` : "";
       c.field("memory-need").textContent = bytes(memory.need_bytes) + (memory.need_bytes ? source : "");
