@@ -83,6 +83,9 @@ def drive(router: RunningRouter, chromium: Path, shot: Path) -> None:
             series = json.loads(chart.get_attribute("data-series") or "[]")
             assert set(series) == {"alpha", "beta", "gamma"}
             expect(page.locator("#chart-memory .u-legend")).not_to_contain_text("host")
+            total = page.locator("#memory-total")
+            expect(total).to_have_text(re.compile(r"^: \d+\.\d MiB together now$"))
+            together = float(total.inner_text().split()[1])
 
             # The time axis: labels that do not overlap, on both charts.
             for which in ("#chart-memory", "#chart-requests"):
@@ -96,6 +99,8 @@ def drive(router: RunningRouter, chromium: Path, shot: Path) -> None:
             expect(page.locator(card("beta"))).to_be_hidden()
             expect(page.locator(card("gamma"))).to_be_hidden()
             expect(alpha).to_be_visible()
+            alone = float(total.inner_text().split()[1])  # alpha's child alone: a third
+            assert 0 < alone < together * 0.6, (alone, together)
             shown = page.evaluate(
                 "[...document.querySelectorAll('#chart-memory .u-legend .u-series')]"
                 ".filter(s => !s.classList.contains('u-off')).map(s => s.textContent.trim())"

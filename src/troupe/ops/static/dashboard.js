@@ -322,6 +322,7 @@
     const address = location.pathname + location.search;
     window.history.replaceState(null, "", filter ? `${address}#model=${encodeURIComponent(filter)}` : address);
     applyFilter();
+    drawCharts(); // (the total is the shown models')
   });
 
   async function refresh() {
@@ -552,6 +553,10 @@
       applyFilter();
     }
     charts.memory.setData([history.t, ...keys.map((k) => history.models.get(k))]);
+    // What the children shown hold together now (the last sample).
+    const together = keys.filter((k) => !filter || k.split("|")[0] === filter)
+      .reduce((sum, k) => sum + (history.models.get(k).at(-1) ?? 0), 0);
+    $("memory-total").textContent = keys.length ? `: ${together.toFixed(1)} MiB together now` : "";
     if (!charts.requests) charts.requests = makeChart($("chart-requests"), ["req/s", "in flight"]);
     charts.requests.setData([history.t, history.rps, history.inFlight]);
     const x = charts.requests.scales.x;
