@@ -203,5 +203,11 @@ def realtime_record(ctx: Router, client: str, path: str, started: float) -> Acce
 
 
 def finish_realtime(ctx: Router, rec: AccessRecord, started: float) -> None:
+    """A session that was accepted reaches the listeners like a proxied request (the
+    per-model and per-tenant metrics, the usage ledger: its responses' tokens); a refused
+    handshake is only recorded."""
     rec.duration = trio.current_time() - started
-    ctx.requests.record_other(rec)
+    if rec.status == 101:
+        ctx.requests.record(rec)
+    else:
+        ctx.requests.record_other(rec)

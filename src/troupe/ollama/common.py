@@ -140,7 +140,8 @@ async def lease(
     """Hold ``entry``'s child for ``work``, exactly as a proxied OpenAI request does
     (`troupe.lease.Lease`); refusals are Ollama's errors with the scheduler's status.
     The request gets its access record like a proxied one (``tokens`` adds what the
-    answer counted). ``herald``: the early head of a stream that waits for a load
+    answer counted, before the release, so the tenant's attained service and its budget
+    get the engine's own counts). ``herald``: the early head of a stream that waits for a load
     (`troupe.http.loading`), stopped before anything else is written. ``written``: whether
     the whole answer went out (a client that closes after it did not "go away")."""
     rec, began = begin(ctx, ex)
@@ -160,7 +161,11 @@ async def lease(
                     ex.base += held.rate_fields
                 if herald is not None:
                     await herald.settle()
-                await work(held.grant, held.waited)
+                try:
+                    await work(held.grant, held.waited)
+                finally:  # before the release: the tenant's attained service reads them
+                    if tokens is not None:
+                        tokens(rec)
         except ModelUnavailable as exc:  # (the lease set the record's error)
             if herald is not None:
                 await herald.settle()
@@ -170,8 +175,6 @@ async def lease(
         left = True  # the client went away (its handler is cancelled)
         raise
     finally:
-        if tokens is not None:
-            tokens(rec)
         whole = RelayReport(whole=True) if written is not None and written() else None
         finish(ctx, ex, rec, began, whole, client_left=left)
 

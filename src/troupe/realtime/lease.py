@@ -44,10 +44,13 @@ class ChildCall:
         content_type: str,
         handle: Callable[[UpstreamResponse], Awaitable[None]],
         held: Callable[[], int | None] | None = None,
+        used: Callable[[], int | None] | None = None,
     ) -> None:
         """Lease the model, POST ``body`` to ``target`` and give the answer to ``handle``;
         ``held`` says, once it is handled, how many tokens the child's slot holds (for
-        the KV store: a slot too small to keep is later taken without a save).
+        the KV store: a slot too small to keep is later taken without a save); ``used``,
+        the tokens the answer counted (prompt + generated; None: unknown), given to the
+        release (the tenant's attained service) and to its budget's settlement.
 
         Raises `ModelUnavailable` (upstream's error) or `UpstreamError`.
         """
@@ -72,5 +75,7 @@ class ChildCall:
                     if hold is not None and held is not None:
                         hold.tokens = held()
                 finally:
+                    if used is not None:
+                        lease.used = used()
                     with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE):
                         await upstream.aclose()

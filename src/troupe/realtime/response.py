@@ -84,7 +84,7 @@ class ResponseRun:
             try:
                 await call.post(
                     "/v1/chat/completions", body, "application/json", self._stream,
-                    held=lambda: self.out.slot_tokens,
+                    held=lambda: self.out.slot_tokens, used=self._used,
                 )  # fmt: skip
             except ModelUnavailable as exc:
                 failure = exc.failure
@@ -109,6 +109,11 @@ class ResponseRun:
             status = "completed"
         await self.out.close_all("completed" if status == "completed" else "incomplete")
         await self._emit({"type": "response.done", "response": self._response(status, details)})
+
+    def _used(self) -> int | None:
+        """The tokens the child's ``usage`` counted (None: it sent none, a cut stream)."""
+        usage = self.out.usage
+        return None if usage is None else int(usage["total_tokens"])
 
     async def _stream(self, upstream: UpstreamResponse) -> None:
         if upstream.status_code != 200:
