@@ -93,6 +93,16 @@ def drive(router: RunningRouter, chromium: Path, shot: Path) -> None:
                 assert found["count"] >= 2, found
                 assert found["overlaps"] == [], found
             page.screenshot(path=str(shot))
+            # Narrower: two charts of about 380 px side by side; still no overlap.
+            page.set_viewport_size({"width": 820, "height": 1000})
+            page.wait_for_function(
+                "document.querySelector('#chart-memory .uplot').offsetWidth < 420 && JSON.parse("
+                "document.querySelector('#chart-memory').dataset.ticks).every(t => t[0] < 420)"
+            )
+            for which in ("#chart-memory", "#chart-requests"):
+                found = page.locator(which).evaluate(_OVERLAPS)
+                assert found["count"] >= 2, found
+                assert found["overlaps"] == [], found
 
             # The filter narrows cards, series and requests to one model.
             page.select_option("#model-filter", "alpha")
