@@ -10,6 +10,7 @@ from troupe import __version__
 from troupe.http.keys import viewer_of
 from troupe.http.respond import send_error, send_json
 from troupe.http.server.exchange import Exchange
+from troupe.http.views import model_filter
 from troupe.ops.access import ALL_KINDS, DEFAULT_KINDS
 from troupe.ops.history import HISTORY_EVERY
 from troupe.router import Router
@@ -68,6 +69,11 @@ async def version(router: Router, ex: Exchange) -> None:
 
 
 async def history(router: Router, ex: Exchange) -> None:
-    """The dashboard's recent samples (`troupe.ops.history`), oldest first."""
+    """The dashboard's recent samples (`troupe.ops.history`), oldest first; with a
+    tenants file, a tenant that is not admin gets only its models' memory."""
     points = [p.to_json() for p in router.history.points()]
+    visible = model_filter(router, ex.request.key_name)
+    if visible is not None:
+        for point in points:
+            point["models"] = {m: v for m, v in point["models"].items() if visible(m)}
     await send_json(ex, {"interval": HISTORY_EVERY, "points": points})

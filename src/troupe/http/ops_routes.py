@@ -1,5 +1,6 @@
-"""The operations routes: ``GET /metrics`` (troupe's own, without ``?model=``) and
-``GET /logs/stream`` (every model's log, as SSE)."""
+"""The operations routes: ``GET /metrics`` (troupe's own, without ``?model=``; with a
+tenants file, a tenant that is not admin sees only its models' and its own series,
+`troupe.http.views`) and ``GET /logs/stream`` (every model's log, as SSE)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from troupe.api import dumps
 from troupe.http.respond import send_error, send_stream
 from troupe.http.server.exchange import Exchange
+from troupe.http.views import filter_exposition, model_filter
 from troupe.ops.exposition import render_metrics
 from troupe.router import Router
 
@@ -29,6 +31,9 @@ async def metrics(router: Router, ex: Exchange) -> None:
         node,
         router.streams,
     )
+    visible = model_filter(router, ex.request.key_name)
+    if visible is not None:  # a tenant that is not admin: its models and its own series
+        body = filter_exposition(body, visible, ex.request.key_name)
     await ex.respond(200, body, CONTENT_TYPE_PLAIN_0_0_4)
 
 
