@@ -201,7 +201,7 @@ def build_router(
     # no connection to a dead child stays open or is reused, and no call meant for one
     # reaches the next child on its port.
     relay = Relay(float(settings.timeout), observe=metrics.observe_relay)
-    kv = _kv_service(settings, state_dir, catalog, metrics, relay)
+    kv = _kv_service(settings, state_dir, catalog, metrics, relay, tenants)
     launcher = ChildLauncher(
         settings,
         engine,
@@ -288,6 +288,7 @@ def _kv_service(
     catalog: Catalog,
     metrics: RouterMetrics,
     relay: Relay,
+    tenants: TenantBook,
 ) -> KvService | None:
     """The KV store under ``state_dir``/kv: entries of a model no longer listed go.
     ``--kv-store off``: none, or with several keys one without files, that keeps each
@@ -300,7 +301,13 @@ def _kv_service(
         return KvService(None, KvMetrics(), children=relay.pool, private=True) if private else None
     store = KvStore(state_dir / "kv", settings.kv_store_bytes)
     store.open()
-    kv = KvService(store, KvMetrics(metrics.registry), children=relay.pool, private=private)
+    # Tenants kept apart or not: as the live book says (a replaced book changes it).
+    kv = KvService(
+        store,
+        KvMetrics(metrics.registry),
+        children=relay.pool,
+        private=lambda: tenants.current.private,
+    )
     kv.forget_models(e.name for e in catalog)
     return kv
 

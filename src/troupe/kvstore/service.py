@@ -47,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -93,13 +93,24 @@ class KvService:
         children: UpstreamPool,
         min_tokens: int = MIN_TOKENS,
         save_seconds: float = SAVE_SECONDS,
-        private: bool = False,
+        private: bool | Callable[[], bool] = False,
     ) -> None:
         self.store = store  # None: no files (--kv-store off), only the slots steered
         self.metrics = metrics or KvMetrics()
         self.min_tokens = min_tokens
         self.save_seconds = save_seconds
-        self.private = private  # several tenants (API keys): nothing crosses between them
+        # Several tenants (API keys): nothing crosses between them. A callable is read at
+        # each use (the live tenant book: a reload may change it).
+        if callable(private):
+            self._privacy = private
+        else:
+            fixed = private
+            self._privacy = lambda: fixed
+        self._was_private = self._privacy()
+        # Models whose running child was started for one tenant (its engine's RAM prompt
+        # cache on): while tenants are kept apart, its requests are not steered and go
+        # with "cache_prompt": false, until it restarts.
+        self._shared: set[str] = set()
         # model -> (its KV identity, why): the engine ignored a restore into its child
         self._restore_off: dict[str, tuple[str, str]] = {}
         self._idents: dict[str, str] = {}  # model -> its running child's KV identity
@@ -130,6 +141,19 @@ class KvService:
             owner.gone = True
             del self._owners[model]
 
+    @property
+    def private(self) -> bool:
+        """Whether tenants are kept apart now. A change (the tenant book was replaced)
+        reaches the running children's slot maps at once."""
+        now = self._privacy()
+        if now != self._was_private:
+            self._was_private = now
+            log.info("KV store: tenants are %s", "kept apart" if now else "one again")
+            for owner in self._owners.values():
+                if owner.map is not None:
+                    owner.map.private = now
+        return now
+
     def owner(self, model: str, gen: int) -> SlotOwner | None:
         """The owner of ``model``'s child ``gen`` while it runs; None for any other."""
         owner = self._owners.get(model)
@@ -157,9 +181,14 @@ class KvService:
             self.leave_out(model)
             return args
         store = self.store if files else None
+        private = self.private
+        if private:
+            self._shared.discard(model)
+        else:
+            self._shared.add(model)
         if store is None:
             self.leave_out(model)
-            if not self.private:
+            if not private:
                 return args  # one tenant: the child runs as it would without troupe's store
             self._live.add(model)
             return [*args, *self._slot_args(model, names)]
@@ -303,7 +332,10 @@ class KvService:
         request: Any = None
         steer = kind is not None and len(body) <= STEER_MAX_BODY
         steer = steer and self.owner(model, gen) is not None
-        if not steer and self.private:
+        private = self.private
+        if private and model in self._shared:
+            steer = False  # a child started for one tenant (its RAM prompt cache on)
+        if not steer and private:
             # Not steered (any route): the engine picks the slot, which may hold anyone's
             # tokens. The body is not parsed for it (it may be large).
             with self._loose(model, gen):
@@ -339,10 +371,13 @@ class KvService:
         restored into it. No slot: sent as it is (not steered, or the client chose).
         ``tenant``: whose request it is (``private``: the key's name); what `Hold.fields`
         says is added to the request before it is sent."""
-        if not self.private:
+        private = self.private
+        if not private:
             tenant = ""
         kind = route(path)
         owner = self.owner(model, gen)  # None: not steered, or its child is gone
+        if private and model in self._shared:
+            owner = None  # a child started for one tenant (its RAM prompt cache on)
         if owner is None or kind is None or _several_tasks(request):
             # Not steered, with several tenants: the engine picks a slot (or the client
             # did) that may hold anyone's tokens, and reuses them unless told not to.
