@@ -30,22 +30,21 @@ async def cached(http: httpx.AsyncClient, headers: dict[str, str]) -> int:
 
 async def test_privacy_follows_a_replaced_book(engine_path: Path, tmp_path: Path) -> None:
     write_tiny_models(tmp_path / "models", [MODEL])
-    async with open_router(
-        ["--models-dir", str(tmp_path / "models"), "--ctx-size", "1024", "--parallel", "1"],
-        engine=engine_path,
-        state_dir=tmp_path / "state",
-    ) as router:
-        async with router.client(timeout=120) as http:
-            # One tenant: the child starts as it would without tenants, and a returning
-            # prompt is served from its slot's cache.
-            await cached(http, {})
-            assert await cached(http, {}) > 0
-            router.ctx.tenants.replace(Tenants.from_keys(["k-alice", "k-bob"], ["alice", "bob"]))
-            await cached(http, ALICE)
-            # Bob's same prompt on the one slot that holds Alice's: nothing reused.
-            assert await cached(http, BOB) == 0
-            slots = await http.get("/slots", params={"model": MODEL}, headers=ALICE)
-            assert slots.status_code == 200
-            found: list[dict[str, Any]] = slots.json()
-            # Bob's task left no trace in Alice's view of the slots.
-            assert all("id_task" not in s for s in found), found
+    args = ["--models-dir", str(tmp_path / "models"), "--ctx-size", "1024", "--parallel", "1"]
+    async with (
+        open_router(args, engine=engine_path, state_dir=tmp_path / "state") as router,
+        router.client(timeout=120) as http,
+    ):
+        # One tenant: the child starts as it would without tenants, and a returning
+        # prompt is served from its slot's cache.
+        await cached(http, {})
+        assert await cached(http, {}) > 0
+        router.ctx.tenants.replace(Tenants.from_keys(["k-alice", "k-bob"], ["alice", "bob"]))
+        await cached(http, ALICE)
+        # Bob's same prompt on the one slot that holds Alice's: nothing reused.
+        assert await cached(http, BOB) == 0
+        slots = await http.get("/slots", params={"model": MODEL}, headers=ALICE)
+        assert slots.status_code == 200
+        found: list[dict[str, Any]] = slots.json()
+        # Bob's task left no trace in Alice's view of the slots.
+        assert all("id_task" not in s for s in found), found
