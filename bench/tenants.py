@@ -15,11 +15,11 @@ every ``--every`` seconds (3, staggered) while the flood lasts. Per side, side b
 Printed per side: the interactive tenants' time to first token (p50, p95) during the
 flood, the batch tenant's throughput (generated tokens per second, first request sent
 to last answer), and Jain's fairness index over tokens served per weight among
-backlogged tenants: a second phase where ``batch`` and ``batch2`` (same class, weight
-1) each send ``--pair`` requests at once, counted until the first of them is done
-(both backlogged until then). Keep ``--pair`` well above the child's 4 slots: the first
-flood's first requests take every free slot before the second flood arrives (with
-``--pair 4`` and every key equal, the first flood is done before the second gets any).
+backlogged tenants: a second phase where ``batch2`` and ``batch3`` (same class, weight
+1, neither served before: the flooding ``batch`` has attained service that least-attained
+scheduling rightly counts against it for a minute or so) each send ``--pair`` requests at
+once, counted until the first of them is done (both backlogged until then). Keep
+``--pair`` well above the child's 4 slots.
 And, on the ``tenants`` side's router, the interactive
 time to first token with no flood and the batch throughput alone.
 
@@ -48,7 +48,13 @@ from _util import percentile, serving
 from troupe.demo import assemble_demo_model
 from troupe.engine import find_engine
 
-KEYS = {"alice": "k-alice-1", "bob": "k-bob-2", "batch": "k-batch-3", "batch2": "k-batch-4"}
+KEYS = {
+    "alice": "k-alice-1",
+    "bob": "k-bob-2",
+    "batch": "k-batch-3",
+    "batch2": "k-batch-4",
+    "batch3": "k-batch-5",
+}
 SHARED = "k-shared"
 TENANTS_TOML = """
 [classes.interactive]
@@ -232,7 +238,7 @@ def side(kind: str, engine: Path, tmp: Path, args: argparse.Namespace) -> dict[s
         out["lost"] = sum(1 for t in ttfts if t is None) + sum(1 for r in log if "failed" in r)
         out["batch"] = throughput(log, box["seconds"])
         # Two backlogged tenants of equal weight: tokens served until the first is done.
-        logs: dict[str, list[dict]] = {"batch": [], "batch2": []}
+        logs: dict[str, list[dict]] = {"batch2": [], "batch3": []}
         ends: dict[str, float] = {}
 
         def pair(name: str, delay: float) -> None:
@@ -240,12 +246,12 @@ def side(kind: str, engine: Path, tmp: Path, args: argparse.Namespace) -> dict[s
             flood(url, keys[name], args.pair, args, logs[name])
             ends[name] = time.perf_counter()
 
-        for t in run_threads([lambda: pair("batch", 0.0), lambda: pair("batch2", 0.5)]):
+        for t in run_threads([lambda: pair("batch2", 0.0), lambda: pair("batch3", 0.0)]):
             t.join()
         cut = min(ends.values())
         served = [
             sum(r["prompt"] + r["completion"] for r in logs[n] if r.get("at", 1e9) <= cut)
-            for n in ("batch", "batch2")
+            for n in ("batch2", "batch3")
         ]
         out["jain"] = jain([float(s) for s in served])
         out["pair"] = served
