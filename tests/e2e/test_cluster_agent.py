@@ -104,8 +104,9 @@ async def test_twelve_streams_over_four_slots_fill_the_home_then_the_warm_copy(
         assert int(rows[home.name]["smax"]) <= SLOTS, seen
         # ... and the overflow went to the warm copy first, its slots filled.
         assert served[third.name] >= SLOTS, (served, seen)
-        # What found every slot taken waited in HAProxy's queue, where it shows.
-        assert int(rows["BACKEND"]["qmax"]) >= 1 or served[second.name] > 0, (served, seen)
+        # (What found every slot taken waited in HAProxy's queue, where it shows, or went
+        # cold to the second node; whether any did depends on how many of the 12 streams
+        # overlapped, which a loaded machine's thread starts decide: not asserted.)
 
 
 async def _all(url: str, model: str, tokens: int) -> list[tuple[str, str]]:
