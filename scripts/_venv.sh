@@ -63,6 +63,7 @@ ensure_debian_packages() {
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   [ -x /usr/bin/promtool ] || missing+=(prometheus)  # its promtool checks /metrics (a test)
   [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+  [ -x /usr/bin/openssl ] || missing+=(openssl)  # the cluster TLS test makes its certificates
   [ "${#missing[@]}" -eq 0 ] && return 0
   local run=()
   if [ "$(id -u)" -ne 0 ]; then

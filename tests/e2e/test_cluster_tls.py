@@ -60,7 +60,7 @@ def _certificates(directory: Path) -> tuple[Path, Path, Path]:
     return ca, cert, key
 
 
-@pytest.mark.skipif(OPENSSL is None, reason="no openssl here")
+@pytest.mark.skipif(OPENSSL is None, reason="no openssl: scripts/test installs it (apt)")
 async def test_haproxy_and_the_nodes_speak_tls_verified_by_the_test_ca(
     tmp_path: Path, haproxy_path: Path
 ) -> None:
