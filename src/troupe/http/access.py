@@ -78,8 +78,8 @@ def finish(
         if report.sse and report.first_body is not None:
             rec.ttft = report.first_body - started
         tail = report.tail
-        if tail:
-            read_usage(tail, rec)
+        if tail and rec.prompt_tokens is None and rec.completion_tokens is None:
+            read_usage(tail, rec)  # (a proxied request's were read inside its lease)
         if rec.completion_tokens is None and report.tokens:
             rec.completion_tokens = report.tokens  # a cut stream: the tokens it was sent
         rec.error = rec.error or report.error
