@@ -137,6 +137,7 @@ async def _kill_mid_trace(stack: ClusterStack, routers: list[NodeRouter]) -> Non
     assert ledger.violations("in flight, whole", [ERROR]) == []
     assert len(sdk) == 1
     assert sdk[0] is not None  # the SDK's stream ended with an error, not normally
+    assert ledger.violations("trace", [OK]) == []
     assert ledger.count("trace") == Counter({OK: TRACE * (len(others) + 1)})
 
     # Its models stay on the next node once the health check has taken it out.

@@ -8,6 +8,7 @@ A ``/tokenize`` meanwhile never waits behind the flood: it takes no slot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -23,7 +24,7 @@ FLOOD = 8
 CHILD_ARGS = ("--ctx-size", "512", "--parallel", "1")
 
 
-def queued(model: str, at_least: int) -> object:
+def queued(model: str, at_least: int) -> Callable[[Snapshot], bool]:
     def check(snap: Snapshot) -> bool:
         return any(m == model and n >= at_least for m, n in snap.queue)
 
@@ -110,8 +111,13 @@ async def test_max_parallel_is_held_by_a_tenant_file(
         async with trio.open_nursery() as nursery:
             for _ in range(4):
                 nursery.start_soon(ask, "k-capped")
+            # Once the model is loaded: one of capped's requests at the child, the other
+            # three waiting for it (while the model loads, all four wait).
+            waiting = queued("tiny-a", 3)
             with trio.fail_after(60):
-                await r.ctx.scheduler.wait_until(queued("tiny-a", 2))
+                await r.ctx.scheduler.wait_until(
+                    lambda snap: waiting(snap) and capped_in_flight() >= 1
+                )
             assert capped_in_flight() == 1
             await ask("k-free")  # the second slot is free to another tenant
             assert capped_in_flight() <= 1

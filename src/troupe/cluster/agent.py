@@ -24,6 +24,15 @@ The answers:
   no other node can serve it: its requests then wait there, as on one node), or the
   node is shutting down.
 
+HAProxy asks each line on its own clock, so a node's two lines would change over at
+different moments: a cold line told ``0%`` as the model starts loading while its warm
+line still holds the ``0%`` it was told before would leave the node with no usable line
+(and, with every node changing over, the model with no server: a burst of 503s). The
+agent hands over instead: a line steps back only once its node's other line has been
+told it is usable, so a change of line overlaps (both lead to the same node) and never
+leaves a gap. (With two balancers asking one agent, the hand-over is per agent, not per
+balancer: a gap of one check at most.)
+
 The agent never answers ``ready``, ``drain`` or ``maint``: those set the administrative
 state an operator sets on the runtime API (``set server ... state drain``), which the
 agent would undo every second.
@@ -49,11 +58,18 @@ MAX_QUERY = 512
 
 
 def agent_reply(
-    model: str, view: ModelView | None, *, leaving: bool, role: str = "", alone: bool = False
+    model: str,
+    view: ModelView | None,
+    *,
+    leaving: bool,
+    role: str = "",
+    alone: bool = False,
+    other_told: bool = True,
 ) -> str:
     """One agent answer (a line, newline included) for ``model``'s line of ``role``
     ("": the home's, "warm", "cold") on this node; ``alone``: no other node up can
-    serve the model."""
+    serve the model; ``other_told``: this node's other line for the model was last told
+    it is usable (until it has been, this one stays usable: the hand-over)."""
     if leaving:
         return "0%\n"
     if not model or view is None:
@@ -62,14 +78,17 @@ def agent_reply(
         return "0%\n"
     slots = max(1, view.slots or DEFAULT_SLOTS)
     if view.status.is_running:
-        if role == "cold":
+        if role == "cold" and other_told:
             return "0%\n"  # its warm line serves it
         free = max(0, slots - view.in_flight)
         weight = max(1, round(100 * free / slots)) if not view.waiting else 1
         return f"{weight}% maxconn:{slots}\n"
-    if role == "warm":
+    if role == "warm" and other_told:
         return "0%\n"  # not loaded here: its cold line, after every warm one
     return f"100% maxconn:{slots}\n"
+
+
+_OTHER = {"warm": "cold", "cold": "warm"}
 
 
 class Agent:
@@ -78,6 +97,9 @@ class Agent:
     def __init__(self, cluster: Cluster, snapshot: Callable[[], Snapshot]) -> None:
         self._cluster = cluster
         self._snapshot = snapshot
+        # (model, role) -> whether that line was last told it is usable: the hand-over
+        # between a node's warm and cold lines (bounded: two per model in the catalogue)
+        self._told: dict[tuple[str, str], bool] = {}
 
     async def answer(self, query: str) -> str:
         """The answer to one agent line: ``MODEL``, ``MODEL<TAB>ROLE``, or empty."""
@@ -90,7 +112,12 @@ class Agent:
         if view is not None and (view.stopping or view.draining_for is not None):
             order = (await cluster.placement()).order(model)
             alone = all(u == cluster.self_url or cluster.peer(u).down for u in order)
-        return agent_reply(model, view, leaving=False, role=role, alone=alone)
+        other = _OTHER.get(role)
+        told = self._told.get((model, other), False) if other else True
+        reply = agent_reply(model, view, leaving=False, role=role, alone=alone, other_told=told)
+        if other and view is not None:
+            self._told[(model, role)] = not reply.startswith("0%")
+        return reply
 
     async def _one(self, stream: trio.SocketStream) -> None:
         async with stream:

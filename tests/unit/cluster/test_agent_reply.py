@@ -7,11 +7,14 @@ import subprocess
 from pathlib import Path
 
 import attrs
+import trio
 
-from troupe.cluster.agent import agent_reply
+from troupe.cluster.agent import Agent, agent_reply
+from troupe.cluster.nodes import NodeList
 from troupe.cluster.placement import Placement, node_facts
 from troupe.cluster.render import RenderOptions, render_haproxy
-from troupe.sched import ModelView, Status
+from troupe.cluster.view import Cluster
+from troupe.sched import ModelView, Snapshot, Status
 
 
 def _view(status: Status, **changes: object) -> ModelView:
@@ -105,3 +108,47 @@ def test_server_lines_ask_each_node_agent_about_their_model(
     # No agent port known (a node that did not say): no agent check on its lines.
     plain = render_haproxy(urls, placement, RenderOptions(), "", {urls[0]: 19001})
     assert "agent-port 19002" not in plain
+
+
+async def _ask(port: int, line: str) -> str:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(line.encode() + b"\n")
+        data = b""
+        while chunk := await stream.receive_some(512):
+            data += chunk
+    return data.decode()
+
+
+async def test_a_node_changes_line_by_overlap_never_by_a_gap() -> None:
+    """HAProxy asks the warm and the cold line on their own clocks: as the model starts
+    loading, the cold line stays usable until the warm line has been told it is; as it
+    unloads, the warm line stays usable until the cold line has been told it is. At no
+    moment are both of a node's lines at 0% (a gap: no server for the model)."""
+    table = {"view": _view(Status.UNLOADED)}
+
+    def snapshot() -> Snapshot:
+        return Snapshot(version=1, models={"m": table["view"]}, models_max=4, queue=())
+
+    agent = Agent(Cluster(NodeList("http://127.0.0.1:1")), snapshot)
+    told = {"warm": "0%\n", "cold": "0%\n"}
+
+    async def check(role: str) -> str:
+        told[role] = await _ask(port, f"m\t{role}")
+        assert told != {"warm": "0%\n", "cold": "0%\n"}, "both lines at 0%"
+        return told[role]
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(agent.serve, "127.0.0.1", 0)
+        assert await check("cold") == "100% maxconn:4\n"
+        assert await check("warm") == "0%\n"
+        table["view"] = _view(Status.LOADING)
+        # The cold line is asked first: the warm line still says 0%, so it stays.
+        assert await check("cold") == "100% maxconn:4\n"
+        assert await check("warm") == "100% maxconn:4\n"
+        assert await check("cold") == "0%\n"  # now it steps back
+        table["view"] = _view(Status.UNLOADED)
+        assert await check("warm") == "100% maxconn:4\n"  # the cold line was told 0%
+        assert await check("cold") == "100% maxconn:4\n"
+        assert await check("warm") == "0%\n"
+        nursery.cancel_scope.cancel()
