@@ -61,6 +61,12 @@ async def test_the_forwarding_node_records_and_counts_and_the_fleet_is_one_view(
             # The home recorded it as it serves any request (its own record, its tokens).
             own = await http.get(home.url + "/troupe/requests", params={"model": "tiny-a"})
             assert [(r["kind"], r["node"]) for r in own.json()["data"]] == [("proxied", "")]
+            # The forwarding node counts what it relayed to the client, as a local
+            # request's record does: the home's answer, byte for byte, and its first byte.
+            served_rec, forwarded = own.json()["data"][0], records[0]
+            assert forwarded["bytes_out"] == served_rec["bytes_out"] > 0, (forwarded, served_rec)
+            assert forwarded["ttfb"] is not None
+            assert forwarded["bytes_in"] == served_rec["bytes_in"] > 0
 
             scraped = (await http.get(other.url + "/metrics")).text
         samples = [
@@ -72,6 +78,21 @@ async def test_the_forwarding_node_records_and_counts_and_the_fleet_is_one_view(
         assert [(s.labels, s.value) for s in samples] == [
             ({"to": home.name, "outcome": "served", "node": other.name}, 1.0)
         ]
+
+        # A stream forwarded the same way: both records count its events' bytes (the
+        # child's chunk framing left out on both), and what the client read.
+        body = {"model": "tiny-a", "prompt": "hi", "max_tokens": 8, "stream": True}
+        async with httpx.AsyncClient(timeout=30) as http:
+            async with http.stream("POST", other.url + "/v1/completions", json=body) as resp:
+                read = len(b"".join([c async for c in resp.aiter_bytes()]))
+            assert resp.headers["x-troupe-node"] == home.name
+            ends = []
+            for node in (other, home):
+                got = await http.get(node.url + "/troupe/requests", params={"model": "tiny-a"})
+                ends.append(next(r for r in got.json()["data"] if r["stream"]))
+        assert ends[0]["kind"] == "forwarded"
+        assert ends[0]["ttft"] is not None
+        assert ends[0]["bytes_out"] == ends[1]["bytes_out"] == read > 0, ends
 
         # troupe cluster ps: every node's models, with their slots.
         await stack.settled()

@@ -21,7 +21,7 @@ from troupe.http import access
 from troupe.http.errors import error_body
 from troupe.http.server.exchange import Exchange
 from troupe.ops.access import AccessRecord
-from troupe.proxy.relay import ChildLost, request_headers
+from troupe.proxy.relay import ChildLost, RelayReport, request_headers
 from troupe.proxy.upstream import Unreachable, UpstreamError, UpstreamResponse, render_request
 from troupe.router import Router
 
@@ -90,10 +90,11 @@ async def forward_elsewhere(ctx: Router, ex: Exchange, name: str) -> bool:
                 await ex.respond(500, error_body(message, "server_error"))
                 _finish(ctx, ex, record, to, message, client_left=False)
                 return True
-            cut, left = await _relay_answer(ctx, ex, upstream, peer)
+            report = RelayReport()
+            cut, left = await _relay_answer(ctx, ex, upstream, peer, report)
             ctx.metrics.observe_forward(to, "cut" if cut else "served")
             why = f"node {to} hung half-way through its answer" if cut else None
-            _finish(ctx, ex, record, to, why, client_left=left)
+            _finish(ctx, ex, record, to, why, client_left=left, report=report)
             record = None
             return True
         return False
@@ -110,20 +111,28 @@ def _finish(
     error: str | None,
     *,
     client_left: bool,
+    report: RelayReport | None = None,
 ) -> None:
+    """The forwarding node's record: what it relayed to the client (``report``: status,
+    bytes, first byte and token, the answer's usage), as a local request's record has."""
     rec, started = record
     rec.node, rec.error = to, error
-    access.finish(ctx, ex, rec, started, None, client_left=client_left)
+    access.finish(ctx, ex, rec, started, report, client_left=client_left)
 
 
 async def _relay_answer(
-    ctx: Router, ex: Exchange, upstream: UpstreamResponse, peer: Peer | None = None
+    ctx: Router,
+    ex: Exchange,
+    upstream: UpstreamResponse,
+    peer: Peer | None = None,
+    report: RelayReport | None = None,
 ) -> tuple[bool, bool]:
-    """(whether the relay was cut because the node hung, whether the client left)."""
+    """(whether the relay was cut because the node hung, whether the client left);
+    ``report`` filled with what was relayed (`Relay.answer`)."""
 
     async def relay() -> None:
         try:
-            await ctx.relay.answer(ex, upstream, len(ex.body))
+            await ctx.relay.answer(ex, upstream, len(ex.body), report)
         except ChildLost:
             ex.keep_alive = False  # the answer is cut short: it must look cut
 

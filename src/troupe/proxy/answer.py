@@ -32,6 +32,7 @@ class ChildConnection:
     given); only the ones the relay needs exist, so llhttp calls nothing else."""
 
     __slots__ = (
+        "body_bytes",
         "chunk_open",
         "chunked",
         "collect",
@@ -75,6 +76,7 @@ class ChildConnection:
         self.chunk_open = False
         self.collect = False  # keep decoded body pieces (chunks()), else just follow
         self.decoded: list[bytes] = []
+        self.body_bytes = 0  # the answer's body read so far, chunk framing left out
         self.drained = False  # the last read took all there was
         self.used = False  # carried a request already (a pooled one may have gone stale)
 
@@ -82,6 +84,7 @@ class ChildConnection:
     def on_message_begin(self) -> None:
         self.headers = []
         self.head_done = self.done = False
+        self.body_bytes = 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
@@ -107,6 +110,7 @@ class ChildConnection:
         self.keep_alive = not chunked and self.parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
         if self.collect:
             self.decoded.append(body)
 
@@ -232,12 +236,19 @@ class UpstreamResponse:
         self.content_type = conn.content_type  # the Content-Type field, if any
         # No length and not chunked: the body runs until the child closes (RFC 9112 6.3).
         self._until_close = not conn.done and not conn.chunked and not conn.has_length
+        self._body_bytes = 0  # (kept at close: the connection may carry another answer)
 
     def header(self, name: bytes) -> str | None:
         for key, value in self.headers:
             if key.lower() == name:
                 return value.decode("latin-1")
         return None
+
+    @property
+    def body_bytes(self) -> int:
+        """The body bytes read so far, chunk framing left out (what the access record
+        counts, whether a relay passed the framing on or framed the body anew)."""
+        return self._conn.body_bytes if self._conn is not None else self._body_bytes
 
     @property
     def complete(self) -> bool:
@@ -336,6 +347,7 @@ class UpstreamResponse:
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        self._body_bytes = conn.body_bytes
         conn.collect = False
         conn.decoded.clear()
         self._pool(conn, conn.reusable and not self._first)  # closed unless reusable

@@ -277,6 +277,7 @@ class Relay:
             body,
         )
         status, relayed = 500, 0
+        answered: UpstreamResponse | None = None  # (for the report, once there is one)
         try:
             try:
                 if detached:
@@ -295,7 +296,7 @@ class Relay:
                     report.first_byte = trio.current_time()
                 await client.respond(500, text.encode(), "text/plain")
                 return
-            status = upstream.status_code
+            answered, status = upstream, upstream.status_code
             try:
                 relayed = await self._stream(client, upstream, crash_detail, report)
                 if report is not None:
@@ -311,19 +312,35 @@ class Relay:
         finally:
             if report is not None:  # (a stream cut short: what its writes counted)
                 report.status = status
-                report.bytes_out = max(relayed, report.bytes_out)
+                report.bytes_out = _body_out(answered, relayed, report)
             self._observe(client, status, len(body), relayed)
 
-    async def answer(self, client: Client, upstream: UpstreamResponse, sent: int) -> None:
+    async def answer(
+        self,
+        client: Client,
+        upstream: UpstreamResponse,
+        sent: int,
+        report: RelayReport | None = None,
+    ) -> None:
         """Stream an answer already under way (``upstream``, from a pool of the caller's:
-        a peer node's) to ``client``, as `relay` does; ``sent``: request body bytes."""
+        a peer node's) to ``client``, as `relay` does; ``sent``: request body bytes;
+        ``report``: filled as `relay` fills it (a forwarding node's access record)."""
         relayed = 0
         try:
             try:
-                relayed = await self._stream(client, upstream, None, None)
+                relayed = await self._stream(client, upstream, None, report)
+                if report is not None:
+                    report.whole = True
+            except ChildLost as exc:
+                if report is not None:
+                    report.error = f"connection to the node lost: {exc}"
+                raise
             finally:
                 upstream.close()
         finally:
+            if report is not None:  # (a relay cut short: what its writes counted)
+                report.status = upstream.status_code
+                report.bytes_out = _body_out(upstream, relayed, report)
             self._observe(client, upstream.status_code, sent, relayed)
 
     async def _stream(
@@ -428,6 +445,15 @@ class Relay:
         except UpstreamError as exc:
             raise ChildLost(str(exc)) from exc
         return relayed
+
+
+def _body_out(upstream: UpstreamResponse | None, relayed: int, report: RelayReport) -> int:
+    """The answer's body bytes the client was sent, chunk framing left out (a child's
+    chunked stream passes through with its framing; a whole answer is framed anew)."""
+    if upstream is None:
+        return report.bytes_out  # (the relay's own error answer)
+    wrote = max(relayed, report.bytes_out)  # with the child's framing when passed through
+    return min(upstream.body_bytes, wrote) if upstream.chunked else wrote
 
 
 def _note(report: RelayReport, data: bytes) -> None:
