@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from troupe_rig.reaper import guard
+
 __all__ = [
     "HttpRequest",
     "LoadResult",
@@ -125,6 +127,7 @@ def start_process(
             env=dict(os.environ if env is None else env),
             start_new_session=True,
         )
+    guard(popen.pid)  # stopped, with its group, if the bench is killed
     return Proc(name, popen, log)
 
 

@@ -46,6 +46,7 @@ from troupe.download.job import DownloadJob
 from troupe.engine import find_engine
 from troupe.errors import EngineNotFound
 from troupe_rig.hub import Fault, Hub, open_hub
+from troupe_rig.reaper import guard
 
 MiB = 1 << 20
 REPO, FILE = "bench/big", "big-Q8_0.gguf"
@@ -125,6 +126,7 @@ def llama_download(hub: Hub, cache: Path, engine: Path, blob: str) -> float:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     ) as proc:
+        guard(proc.pid)  # killed if the bench is
         try:
             while not target.exists():
                 if proc.poll() is not None:

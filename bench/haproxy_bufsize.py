@@ -20,6 +20,7 @@ from pathlib import Path
 
 from troupe_rig.cluster import HAPROXY
 from troupe_rig.engine_process import free_port
+from troupe_rig.reaper import guard
 
 CONFIG = """global
     maxconn 5000
@@ -56,6 +57,7 @@ def measure(directory: Path, bufsize: int, clients: int, body: int, sent: int) -
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    guard(proc.pid)  # killed if the bench is
     socks: list[socket.socket] = []
     try:
         deadline = time.monotonic() + 10

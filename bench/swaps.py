@@ -55,6 +55,7 @@ from troupe.engine import find_engine
 from troupe_rig import TinyModel, write_tiny_models
 from troupe_rig.engine_process import free_port
 from troupe_rig.pagecache import drop_pages, resident_fraction
+from troupe_rig.reaper import guard
 
 MODELS = [TinyModel(name=n, seed=i, n_ctx=256) for i, n in enumerate(("m-a", "m-b", "m-c"))]
 BIG = TinyModel(name="m-big", seed=9, n_layer=16, n_embd=512, n_ctx=256)  # about 126 MB
@@ -232,6 +233,7 @@ def child_runs(engine: Path, model: Path, runs: int) -> tuple[list[float], list[
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=env, start_new_session=True,
         )  # fmt: skip
+        guard(popen.pid)  # killed if the bench is
         assert popen.stdout is not None
         assert popen.stdin is not None
         for line in popen.stdout:

@@ -32,6 +32,7 @@ from troupe.cluster import NodeFacts, Placement
 from troupe.cluster.trust import SECRET_ENV, ClusterTrust
 from troupe_rig.engine_process import free_port
 from troupe_rig.process import TroupeProcess, start_troupe
+from troupe_rig.reaper import guard
 
 __all__ = ["HAPROXY", "ClusterStack", "Node", "haproxy_command", "open_cluster"]
 
@@ -357,6 +358,7 @@ async def open_cluster(
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
                     )
+                guard(stack.haproxy.pid)  # its workers too, if this process dies
                 for node in stack.nodes:
                     await stack.wait_status(node.name, "UP")
                 yield stack

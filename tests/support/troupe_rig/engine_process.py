@@ -20,6 +20,8 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
+from troupe_rig.reaper import guard
+
 __all__ = ["EngineExited", "EngineProcess", "free_port", "open_engine"]
 
 STATE_PREFIX = "cmd_child_to_router:state:"
@@ -167,6 +169,7 @@ async def open_engine(
         env=full_env,
         start_new_session=True,
     )
+    guard(process.pid)  # killed, with its group, if this process dies
     engine = EngineProcess(process)
     assert process.stdout is not None
     assert process.stderr is not None

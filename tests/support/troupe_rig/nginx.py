@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from troupe_rig.engine_process import free_port
+from troupe_rig.reaper import guard
 
 __all__ = ["NGINX", "SITE", "Forwarder", "Nginx", "adapt_site", "open_forwarder", "open_nginx"]
 
@@ -104,6 +105,7 @@ async def open_nginx(
     process = await trio.lowlevel.open_process(
         argv, stdin=subprocess.DEVNULL, start_new_session=True
     )
+    guard(process.pid)  # its workers too, if this process dies
     try:
         await _wait_listening(port, process, directory)
         yield Nginx(port, directory)

@@ -13,6 +13,8 @@ from pathlib import Path
 import attrs
 import trio
 
+from troupe_rig.reaper import guard
+
 __all__ = ["TroupeProcess", "start_troupe"]
 
 
@@ -55,6 +57,7 @@ async def start_troupe(
         env={**os.environ, **(env or {}), "TROUPE_STATE_DIR": str(state_dir)},
         cwd=cwd,
     )
+    guard(process.pid, state_dir)  # stopped, its children too, if this process dies
     started = TroupeProcess(process, "", b"")
     await started.read_log_until(b"listening on http", within)  # http:// or https://
     # The URL ends at a space, or at the quote that ends a --log-format json message.

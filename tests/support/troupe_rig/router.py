@@ -25,6 +25,7 @@ from troupe.service import serve_router, shutdown
 from troupe.settings.argv import parse_engine_args
 from troupe.settings.options import load_option_table
 from troupe.settings.router import build_settings, with_router_options
+from troupe_rig.reaper import guard_state_dir
 
 __all__ = ["RouterFactory", "RunningRouter", "open_router", "write_preset"]
 
@@ -82,6 +83,7 @@ async def open_router(
     own, rest = split_troupe_flags(argv)
     settings = build_settings(table, parse_engine_args(rest, table), own, env)
     ledger = PidLedger(state_dir)
+    guard_state_dir(state_dir)  # its children are killed if this process dies
     ctx = build_router(settings, probe_engine(engine, "test"), table, ledger, env, cwd)
     try:
         async with trio.open_nursery() as nursery:
