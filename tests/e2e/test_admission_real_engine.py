@@ -236,14 +236,18 @@ async def test_ttl_unloads_an_idle_model_but_never_during_a_request(
     ):
         # With fake timing each request is held busy for 2 s: longer than the TTL.
         results: list[tuple[str, int]] = []
+        sched = router.ctx.scheduler
         async with trio.open_nursery() as nursery:
             nursery.start_soon(complete, http, "tiny-a", results)
-            await router.ctx.scheduler.wait_until(lambda s: s.models["tiny-a"].in_flight == 1)
-            assert router.status("tiny-a") is Status.LOADED
+            snap = await sched.wait_until(lambda s: s.models["tiny-a"].in_flight == 1)
+            assert snap.models["tiny-a"].status is Status.LOADED
+            # The state as the request ended (not as this task next runs: the TTL may
+            # have run out by then on a loaded machine).
+            snap = await sched.wait_until(lambda s: s.models["tiny-a"].in_flight == 0)
         assert results == [("tiny-a", 200)]
-        snap = router.snapshot
         assert snap.models["tiny-a"].status is Status.LOADED  # the request outlived the TTL
-        snap = await router.wait_for_status("tiny-a", Status.UNLOADED, within=10)
+        assert snap.models["tiny-a"].last_eviction is None
+        snap = await router.wait_for_status("tiny-a", Status.UNLOADED, within=60)
         assert snap.models["tiny-a"].last_eviction == "ttl"
         assert snap.models["tiny-a"].exit_code == 0
 

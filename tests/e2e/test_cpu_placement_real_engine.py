@@ -168,6 +168,9 @@ async def test_a_restart_on_a_narrower_lane_is_no_use_of_the_model(
         # Resident all along, as upstream shows it, its restart or not.
         assert (await api_statuses(router))["tiny-a"] == "loaded"
         await load_until_loaded(router, "tiny-c")
+        # The victim may still be exiting as tiny-c loads (the next child starts beside
+        # it when memory allows): its unload is waited for, not read at once.
+        await router.wait_for_status("tiny-a", Status.UNLOADED)
         assert router.snapshot.models["tiny-a"].last_eviction == "lru for tiny-c"
         statuses = await api_statuses(router)
         assert (statuses["tiny-a"], statuses["tiny-b"]) == ("unloaded", "loaded")

@@ -109,7 +109,14 @@ def drive(router: RunningRouter, chromium: Path, shot: Path) -> None:
             expect(page.locator(card("beta"))).to_be_hidden()
             expect(page.locator(card("gamma"))).to_be_hidden()
             expect(alpha).to_be_visible()
-            alone = float(total.inner_text().split()[1])  # alpha's child alone: a third
+            # Alpha's child alone: a third. The total is redrawn after the cards are
+            # hidden (not with them), so its new figure is waited for.
+            page.wait_for_function(
+                "([t]) => parseFloat(document.querySelector('#memory-total').textContent"
+                ".split(' ')[1]) < t",
+                arg=[together * 0.6],
+            )
+            alone = float(total.inner_text().split()[1])
             assert 0 < alone < together * 0.6, (alone, together)
             shown = page.evaluate(
                 "[...document.querySelectorAll('#chart-memory .u-legend .u-series')]"

@@ -27,7 +27,8 @@ async def test_the_demo_preset_chats_in_gemmas_format_and_stops(
     args = ["--models-preset", "configs/demo.ini", "--ctx-size", "2048"]
     async with (
         open_router(args, engine=engine_path, state_dir=tmp_path / "s", cwd=tmp_path) as router,
-        router.client() as http,
+        # A cold load of a 270M model on a loaded 2-core machine: a generous bound.
+        router.client(timeout=300) as http,
     ):
         messages = [
             {"role": "system", "content": "Be brief."},

@@ -83,7 +83,7 @@ async def test_sse_is_unbuffered_and_a_client_abort_stops_the_child(
         generated, asked = done
         assert asked == TOKENS
         assert generated < TOKENS
-        with trio.fail_after(5):
+        with trio.fail_after(30):
             await router.ctx.scheduler.wait_until(lambda s: s.models["a"].in_flight == 0)
 
 
@@ -163,7 +163,7 @@ async def test_a_realtime_session_through_nginx_with_the_openai_sdk(
         assert "response.output_text.delta" in kinds
         assert kinds[-1] == "response.done"
         assert forwarder.connections >= 1  # it went through nginx
-        with trio.fail_after(5):
+        with trio.fail_after(30):
             await router.ctx.scheduler.wait_until(lambda s: s.models["tiny"].in_flight == 0)
 
 

@@ -41,7 +41,7 @@ async def test_the_next_model_is_read_ahead_while_its_victim_is_busy(
             nursery.start_soon(ask_b)
             with trio.fail_after(30):
                 await scheduler.wait_until(lambda s: s.models["m-b"].waiting >= 1)
-            assert await trio.to_thread.run_sync(wait_resident, file_b) == 1.0
+            assert await trio.to_thread.run_sync(wait_resident, file_b, 60.0) == 1.0
             assert scheduler.snapshot.models["m-b"].status.value == "unloaded"  # still waits
             await scheduler.release(rid)
         assert answers == [200]

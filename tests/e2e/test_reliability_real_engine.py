@@ -18,7 +18,7 @@ import psutil
 import pytest
 import trio
 
-from troupe.sched import Status
+from troupe.sched import Snapshot, Status
 from troupe.service import shutdown
 from troupe_rig.events import drain
 from troupe_rig.hfcache import COMMIT
@@ -71,7 +71,7 @@ async def test_unload_right_after_ready_never_waits_for_the_stop_timeout(
             await router.ctx.scheduler.load("a")
             await router.wait_for_status("a", Status.LOADED)
             await router.ctx.scheduler.unload("a")
-            with trio.fail_after(20):  # far below the 60 s stop-timeout
+            with trio.fail_after(30):  # far below the 60 s stop-timeout
                 snap = await router.wait_for_status("a", Status.UNLOADED)
             assert not snap.models["a"].failed, snap.models["a"].last_error
 
@@ -101,7 +101,9 @@ async def test_an_abandoned_reload_leaves_cold_loads_working(
         assert resp.status_code == 200, resp.text
         listed = {m["id"]: m for m in (await http.get("/models")).json()["data"]}
         assert "temperature = 0.5" in listed["a"]["status"]["preset"]  # the reload took effect
-        assert router.snapshot.models["a"].status is Status.UNLOADED
+        # Its stopped child is killed after stop-timeout and term-grace (2 s): b's load may
+        # have been quicker, so the unload is waited for (an event), not read at once.
+        await router.wait_for_status("a", Status.UNLOADED, within=60)
         assert (await complete(http, "a")).status_code == 200  # with its new preset
 
 
@@ -110,7 +112,8 @@ async def test_a_hung_load_blocks_no_other_model_and_times_out(
 ) -> None:
     # The child of "hung" blocks in its load (its model is a FIFO nobody writes) and is
     # SIGSTOPped on top. Another model must load beside it, and the hung load must end
-    # in a clear error after --load-timeout.
+    # in a clear error after --load-timeout (10 s: b's cold load on a loaded machine
+    # must end well before it, or "hung" would fail first).
     fifo = tmp_path / "hung.gguf"
     os.mkfifo(fifo)
     ini = preset(
@@ -119,7 +122,7 @@ async def test_a_hung_load_blocks_no_other_model_and_times_out(
     )
     async with (
         router_for(
-            engine_path, tmp_path, ini, "--models-max", "2", "--load-timeout", "3"
+            engine_path, tmp_path, ini, "--models-max", "2", "--load-timeout", "10"
         ) as router,
         router.client() as http,
         trio.open_nursery() as nursery,
@@ -130,17 +133,25 @@ async def test_a_hung_load_blocks_no_other_model_and_times_out(
             hung.append(await complete(http, "hung"))
 
         nursery.start_soon(ask_hung)
-        snap = await router.ctx.scheduler.wait_until(lambda s: s.models["hung"].pid != 0)
+        sched = router.ctx.scheduler
+        snap = await sched.wait_until(lambda s: s.models["hung"].pid != 0)
         os.kill(snap.models["hung"].pid, signal.SIGSTOP)
+        as_b_loaded: list[Snapshot] = []  # the state as b loaded, not as read afterwards
+
+        async def watch_b() -> None:
+            b_loaded = await sched.wait_until(lambda s: s.models["b"].status is Status.LOADED)
+            as_b_loaded.append(b_loaded)
+
+        nursery.start_soon(watch_b)
         with trio.fail_after(30):
             resp = await complete(http, "b")
         assert resp.status_code == 200, resp.text
-        assert router.snapshot.models["hung"].status is Status.LOADING  # still hung
+        assert as_b_loaded[0].models["hung"].status is Status.LOADING  # still hung meanwhile
         with trio.fail_after(30):
             snap = await router.ctx.scheduler.wait_until(lambda s: s.models["hung"].failed)
         assert "load timed out" in (snap.models["hung"].last_error or "")
     assert hung[0].status_code == 500
-    assert "load timed out: no progress for 3 s" in hung[0].json()["error"]["message"]
+    assert "load timed out: no progress for 10 s" in hung[0].json()["error"]["message"]
 
 
 async def test_an_abandoned_delete_still_removes_the_model_and_leaves_loads_working(

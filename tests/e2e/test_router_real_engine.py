@@ -107,7 +107,7 @@ async def test_http_through_troupe(engine_path: Path, tiny_model_dir: Path, tmp_
             listed = {m["id"]: m for m in (await http.get("/models")).json()["data"]}
             assert listed["tiny-a"]["status"]["value"] == "unloaded"
 
-            with trio.fail_after(5):
+            with trio.fail_after(30):
                 got = await collect_until(
                     events, lambda e: (e.get("data") or {}).get("status") == "unloaded"
                 )
@@ -130,7 +130,7 @@ async def test_client_disconnect_frees_the_real_child(
                     if line.startswith("data: "):
                         break
             assert router.snapshot.models["tiny-b"].in_flight == 1
-        with trio.fail_after(1):
+        with trio.fail_after(30):  # the disconnect is seen at once; a loaded machine is slow
             await router.ctx.scheduler.wait_until(lambda s: s.models["tiny-b"].in_flight == 0)
         # The child stopped generating: its only slot is free again for the next request.
         resp = await http.post(
@@ -183,6 +183,8 @@ async def test_troupe_process_leaves_no_child(
         else:
             assert code == -signal.SIGKILL
         # SIGKILL: the children see stdin EOF and exit on their own.
-        _gone, alive = await trio.to_thread.run_sync(lambda: psutil.wait_procs(children, timeout=5))
+        _gone, alive = await trio.to_thread.run_sync(
+            lambda: psutil.wait_procs(children, timeout=30)
+        )
         assert not alive, [p.pid for p in alive]
         nursery.cancel_scope.cancel()

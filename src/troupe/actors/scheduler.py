@@ -117,7 +117,8 @@ class Scheduler:
         self._wait: trio.CancelScope | None = None  # the loop's wait for a message
         self._snapshot = core.snapshot()
         self._stale = False  # the core changed since _snapshot was built
-        self._watchers: list[tuple[Callable[[Snapshot], bool], trio.Event]] = []
+        # Each waiter's predicate, its event and the snapshot that satisfied it.
+        self._watchers: list[tuple[Callable[[Snapshot], bool], trio.Event, list[Snapshot]]] = []
 
     def _publish_event(self, event: SchedulerEvent) -> None:
         self._effects.publish(event)
@@ -165,18 +166,21 @@ class Scheduler:
         return self._core.not_loaded(model)
 
     async def wait_until(self, predicate: Callable[[Snapshot], bool]) -> Snapshot:
-        """Wait (no polling) until a published snapshot satisfies ``predicate``."""
-        if predicate(self.snapshot):
-            return self.snapshot
+        """Wait (no polling) until a published snapshot satisfies ``predicate``; returns
+        that snapshot (the state may have moved on by the time the waiter runs)."""
+        snap = self.snapshot
+        if predicate(snap):
+            return snap
         event = trio.Event()
-        entry = (predicate, event)
+        matched: list[Snapshot] = []
+        entry = (predicate, event, matched)
         self._watchers.append(entry)
         try:
             await event.wait()
         finally:
             if entry in self._watchers:
                 self._watchers.remove(entry)
-        return self.snapshot
+        return matched[0]
 
     @contextmanager
     def subscribe(self) -> Iterator[trio.MemoryReceiveChannel[dict[str, Any]]]:
@@ -462,7 +466,10 @@ class Scheduler:
 
     def _publish(self) -> None:
         self._stale = True
-        for predicate, event in list(self._watchers):
-            if predicate(self.snapshot):
+        for entry in list(self._watchers):
+            predicate, event, matched = entry
+            snap = self.snapshot
+            if predicate(snap):
+                matched.append(snap)
                 event.set()
-                self._watchers.remove((predicate, event))
+                self._watchers.remove(entry)
