@@ -26,6 +26,7 @@ from troupe.catalog import Catalog, ModelEntry, build_catalog, check_startup
 from troupe.catalog.facts import FactsCache
 from troupe.child.ledger import PidLedger, default_state_dir
 from troupe.cluster import Cluster, NodeList
+from troupe.cluster.kvsync import KvLink
 from troupe.cluster.trust import ClusterTrust, read_secret
 from troupe.conversations import ConversationTracker
 from troupe.download.router import RouterDownloads
@@ -37,6 +38,7 @@ from troupe.hardware.gpu_ids import engine_gpu_ids
 from troupe.hardware.listdevices import DeviceListError, run_list_devices
 from troupe.kvstore import KvService, KvStore
 from troupe.kvstore.metrics import KvMetrics
+from troupe.kvstore.replicas import Replicas
 from troupe.kvstore.store import private_dir
 from troupe.launcher import ChildLauncher
 from troupe.ops.access import RequestLog
@@ -247,6 +249,8 @@ def build_router(
     requests.add_listener(accounts.on_record)  # settles reservations, counts usage
     scheduler.add_listener(logs.on_event)
     scheduler.add_listener(LoadLog(trio.current_time).on_event)  # "ready in N s" and why
+    cluster = _cluster(settings, env)
+    _kv_replicas(settings, kv, cluster)
     return Router(
         settings=settings,
         engine=engine,
@@ -262,7 +266,7 @@ def build_router(
         kv=kv,
         fake_timing=fake_timing,
         requests=requests,
-        cluster=_cluster(settings, env),
+        cluster=cluster,
         tenants=tenants,
         accounts=accounts,
     )
@@ -328,6 +332,23 @@ def _cluster(settings: RouterSettings, env: dict[str, str]) -> Cluster | None:
         read_timeout=settings.timeout,
         trust=ClusterTrust(secret),
         health_within=settings.cluster_timeout,
+    )
+
+
+def _kv_replicas(settings: RouterSettings, kv: KvService | None, cluster: Cluster | None) -> None:
+    """In a cluster with a secret, the KV store's saves go to the model's next nodes and
+    its misses are asked of the peers (``--cluster-kv-replicas``, 0: off)."""
+    if cluster is None or kv is None or kv.store is None or settings.cluster_kv_replicas <= 0:
+        return
+    if not cluster.trust.signed:
+        log.warning("KV slots do not follow conversations between nodes: no cluster secret")
+        return
+    kv.replicas = Replicas(
+        kv,
+        KvLink(cluster, settings.cluster_kv_replicas),
+        replicas=settings.cluster_kv_replicas,
+        limit=min(settings.max_body_bytes, kv.store.budget),
+        timeout=settings.cluster_timeout,
     )
 
 

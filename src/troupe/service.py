@@ -163,6 +163,8 @@ async def serve_router(
             # Copies made by failover or spill go back once their home is up again.
             copies = SchedulerCopies(router.scheduler)
             nursery.start_soon(router.cluster.give_back, copies, router.settings.cluster_copy_ttl)
+            if router.kv is not None and router.kv.replicas is not None:
+                nursery.start_soon(router.kv.replicas.run)  # KV saves pushed to the next nodes
             if router.settings.cluster_agent_port >= 0:  # HAProxy's agent-check (per model)
                 agent = Agent(router.cluster, lambda: router.scheduler.snapshot)
                 host = next((h for h in router.settings.hosts if "/" not in h), "127.0.0.1")

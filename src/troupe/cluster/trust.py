@@ -15,6 +15,11 @@ checked at the head and a mark that does not verify is refused (401):
   client sent before it sets its own; the token never reaches a client).
 
 Without a secret the mark is trusted as before, and the node says so at start.
+
+The node-to-node routes (a conversation's KV slot file pushed to or fetched from a peer,
+`troupe.cluster.kvsync`) take only a node's own mark, never the balancer's (HAProxy marks
+whatever a client sends through it) and never without a secret; a node's answer on them
+carries a `ClusterTrust.seal` over what it sends.
 """
 
 from __future__ import annotations
@@ -82,13 +87,25 @@ class ClusterTrust:
         stamp = int(time.time() if now is None else now)
         return f"{sender};t={stamp};s={self._sign(sender, stamp, method, target)}".encode("latin-1")
 
-    def verify(self, value: str, method: str, target: str, now: float | None = None) -> bool:
-        """Whether the mark ``value`` on request ``method target`` is genuine."""
+    def verify(
+        self,
+        value: str,
+        method: str,
+        target: str,
+        now: float | None = None,
+        *,
+        node_only: bool = False,
+    ) -> bool:
+        """Whether the mark ``value`` on request ``method target`` is genuine.
+        ``node_only``: only a node's own signed mark (the node-to-node routes: the
+        balancer marks whatever a client sends through it), and never without a secret."""
         if self._secret is None:
-            return True
+            return not node_only
         sender, _, rest = value.partition(";")
         fields = dict(part.partition("=")[::2] for part in rest.split(";") if part)
         if sender.encode("latin-1", "replace") == _BALANCER and "k" in fields:
+            if node_only:
+                return False
             return hmac.compare_digest(fields["k"].encode(), self.balancer_token.encode())
         try:
             stamp = int(fields.get("t", ""))
@@ -98,6 +115,19 @@ class ClusterTrust:
             return False
         expected = self._sign(sender, stamp, method, target)
         return hmac.compare_digest(fields.get("s", "").encode(), expected.encode())
+
+    def seal(self, *parts: str) -> str:
+        """An HMAC over ``parts`` (a node's answer on a node-to-node route: a KV slot
+        file's identity, tenant and checksum), "" without a secret."""
+        if self._secret is None:
+            return ""
+        message = "\n".join(("troupe seal", *parts)).encode("utf-8", "replace")
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    def sealed(self, value: str, *parts: str) -> bool:
+        """Whether ``value`` is `seal` of ``parts`` (never without a secret)."""
+        expected = self.seal(*parts)
+        return bool(expected) and hmac.compare_digest(value.encode(), expected.encode())
 
     def _sign(self, sender: str, stamp: int, method: str, target: str) -> str:
         assert self._secret is not None

@@ -22,6 +22,7 @@ import logging
 import trio
 
 from troupe.api import dumps, strip_prefix
+from troupe.cluster.kvsync import KV_PATH
 from troupe.cluster.view import FORWARDED
 from troupe.http import cors
 from troupe.http.access import refused_record
@@ -55,6 +56,14 @@ _REFUSE_MARK = Refusal(
     401,
     middleware_error_body(
         "invalid cluster forward mark (x-troupe-forwarded is for the cluster's own nodes)",
+        "authentication_error",
+        401,
+    ),
+)
+_REFUSE_NODE = Refusal(
+    401,
+    middleware_error_body(
+        "this route is for the cluster's own nodes (a signed x-troupe-forwarded)",
         "authentication_error",
         401,
     ),
@@ -148,6 +157,8 @@ class Front:
         route = strip_prefix(request.path, self._prefix)
         if route is None and request.path in HEALTH_PATHS:
             route = request.path  # health probes know nothing of the prefix
+        if route is not None and (route == KV_PATH or route.startswith(KV_PATH + "/")):
+            return self._admit_node_route(request, route)
         name = self._key_name(request, route)
         if name is None:
             log.warning("unauthorized: Invalid API Key")
@@ -162,6 +173,31 @@ class Front:
         request.route = handler
         if handler not in _RELAYED and request.max_body > LOCAL_MAX_BODY:
             request.max_body = LOCAL_MAX_BODY
+        return None
+
+    def _admit_node_route(self, request: Request, route: str) -> Refusal | None:
+        """A node-to-node route (a KV slot file pushed or fetched,
+        `troupe.cluster.kvsync`): only with a node's own mark signed with the cluster
+        secret, whatever key it carries; one 401 for every other caller, so none learns
+        what the store holds."""
+        cluster = self.router.cluster
+        mark = request.header(FORWARDED)
+        target = request.target.decode("latin-1")
+        if (
+            cluster is None
+            or mark is None
+            or request.method != "POST"
+            or not cluster.trust.verify(mark, "POST", target, node_only=True)
+        ):
+            log.warning("refused %s %s: not a node's signed mark", request.method, route[:100])
+            return _REFUSE_NODE
+        handler = self.routes.find(request.method, route)
+        if handler is None:
+            return _REFUSE_NODE
+        request.key_name = ""
+        request.route = handler
+        if route != KV_PATH and request.max_body > LOCAL_MAX_BODY:
+            request.max_body = LOCAL_MAX_BODY  # a fetch's tokens; a push takes a slot file
         return None
 
     def _mark_trusted(self, request: Request) -> bool:

@@ -11,9 +11,11 @@ goes away cancels them.
 from __future__ import annotations
 
 from troupe.api import PROXY_GET_PATHS, PROXY_GET_WITH_MODEL, PROXY_POST_PATHS
+from troupe.cluster.kvsync import KV_FETCH, KV_PATH
 from troupe.http import (
     activity_routes,
     dashboard,
+    kv_routes,
     model_routes,
     ops_routes,
     slot_routes,
@@ -70,6 +72,10 @@ _ROUTER_OWN: dict[tuple[str, str], Handler] = {
     ("GET", DASHBOARD + "/version"): activity_routes.version,
     ("GET", DASHBOARD + "/history"): activity_routes.history,
     ("GET", DASHBOARD + "/usage"): usage_routes.usage,
+    # Node to node (admitted only with a node's signed mark: `Front.admit`).
+    # (A push is not cut when its sender leaves: nothing half-stored stays either way.)
+    ("POST", KV_PATH): kv_routes.kv_push,
+    ("POST", KV_FETCH): watched(kv_routes.kv_fetch),
 }
 
 ROUTES = RouteTable(

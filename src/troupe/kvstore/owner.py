@@ -28,7 +28,7 @@ import attrs
 import trio
 
 from troupe.kvstore.engine_api import ChildGone, EngineCallFailed
-from troupe.kvstore.restore import prompt_tokens, restore_best
+from troupe.kvstore.restore import MIN_MATCH, prompt_tokens, restore_best
 from troupe.kvstore.slots import Claim, SlotMap, request_text
 from troupe.kvstore.store import KvEntry, describe, write_sidecar
 from troupe.modellog import about
@@ -172,6 +172,13 @@ class SlotOwner:
             held.fresh = claim.foreign and not restored
             yield held
             answered = True
+            kv = self.kv
+            replicate = kv.replicas is not None and kv.restore_off(self.model) is None
+            if replicate and (held.tokens or 0) >= kv.min_tokens:
+                # In a cluster the conversation may be served on another node next (its
+                # node dies, or is full): its slot is saved now, and so pushed there.
+                with trio.CancelScope(shield=True), trio.move_on_after(RESTORE_SECONDS):
+                    await self.save_one(claim.slot, tenant)
             if restored and self.ident and request.get("cache_prompt", True) is not False:
                 self.kv.check_restore(self.model, self.ident, restored, held.cached)
         finally:
@@ -189,7 +196,8 @@ class SlotOwner:
             return 0  # the engine ignores what is restored: nothing worth saving either
         if claim.evict and (claim.owner or not kv.private):
             await self.save_one(claim.slot, claim.owner or "")
-        if claim.own or not store.entries(ident):
+        replicas = kv.replicas  # in a cluster: the peers may hold what this node does not
+        if claim.own or (replicas is None and not store.entries(ident)):
             return 0
         try:
             tokens = await prompt_tokens(kv.api, self.child, kind, request)
@@ -198,6 +206,13 @@ class SlotOwner:
             return 0
         if tokens is None:
             return 0
+        if replicas is not None:
+            # A conversation served elsewhere before (failover, spill): its slot file is
+            # asked of the peers when this node's best entry leaves a prefill to make.
+            here = store.best_match(ident, tokens, tenant=tenant)
+            have = here[1] if here is not None and here[1] >= MIN_MATCH else 0
+            if len(tokens) - have >= MIN_MATCH:
+                await replicas.fetch(self.model, ident, tenant, tokens, have)
         return await restore_best(
             kv.api, store, kv.metrics, self.child, ident, claim.slot, tokens, tenant
         )

@@ -103,6 +103,8 @@ class RouterSettings:
     cluster_timeout: float = 5.0  # a node that answers no health check this long is hung
     cluster_copy_ttl: float = 300.0  # idle seconds before a failover/spill copy goes back
     cluster_agent_port: int = 0  # the HAProxy agent's port (0: any free one; -1: off)
+    # Next nodes a saved KV slot is pushed to, and whether a miss asks the peers (0: off).
+    cluster_kv_replicas: int = 1
     # Memory kept free on every device when admitting a model; None: no memory admission.
     memory_margin_bytes: int | None = 1024 << 20
     # Host names a loopback listener answers beside loopback ones (DNS rebinding);
@@ -283,5 +285,6 @@ def build_settings(
         cluster_timeout=T.CLUSTER_TIMEOUT.read(own),
         cluster_copy_ttl=T.CLUSTER_COPY_TTL.read(own),
         cluster_agent_port=T.CLUSTER_AGENT_PORT.read(own),
+        cluster_kv_replicas=T.CLUSTER_KV_REPLICAS.read(own),
         base_args=tuple({**(config or {}), **cli}.items()),
     )

@@ -620,6 +620,16 @@ CLUSTER_AGENT_PORT = Setting(
     )),
     Toml("troupe", "cluster_agent_port", int | str), own=True,
 )  # fmt: skip
+CLUSTER_KV_REPLICAS = Setting(
+    ("--cluster-kv-replicas",), "N", "TROUPE_CLUSTER_KV_REPLICAS", "1", _non_negative,
+    Help(_OWN, (
+        "a conversation's saved KV slot is also pushed to this many",
+        "next nodes of its model's order, and a node missing it asks",
+        "its peers before a prefill (needs the cluster secret;",
+        "default: 1; 0 = off)",
+    )),
+    Toml("troupe", "cluster_kv_replicas", int), own=True,
+)  # fmt: skip
 MODELS_MEMORY_MARGIN = Setting(
     ("--models-memory-margin",), "MIB", "TROUPE_MODELS_MEMORY_MARGIN", "1024", _margin,
     Help(_OWN, ("keep this much free on every device (default: 1024; off)",)),
@@ -749,6 +759,7 @@ SETTINGS: tuple[Setting[object], ...] = (
     CLUSTER_TIMEOUT,
     CLUSTER_COPY_TTL,
     CLUSTER_AGENT_PORT,
+    CLUSTER_KV_REPLICAS,
     MODELS_MEMORY_MARGIN,
     MAX_BODY_MIB,
     WS_MAX_MESSAGE_MIB,
