@@ -49,3 +49,20 @@ def test_the_secret_comes_from_a_file_or_the_environment(tmp_path: Path) -> None
         read_secret(str(tmp_path / "empty"), {})
     with pytest.raises(UsageError, match="cannot read --cluster-secret-file"):
         read_secret(str(tmp_path / "missing"), {})
+
+
+def test_node_routes_take_only_a_nodes_own_mark_and_never_without_a_secret() -> None:
+    target = "/troupe/cluster/kv/fetch?model=m&ident=x&tenant=&better=0"
+    mark = TRUST.mark("node-a", "POST", target, now=1000).decode()
+    assert TRUST.verify(mark, "POST", target, now=1000, node_only=True)
+    assert not TRUST.verify(TRUST.balancer_mark(), "POST", target, node_only=True)
+    assert not TRUST.verify(mark, "POST", target + "x", now=1000, node_only=True)
+    assert not ClusterTrust(None).verify("anything", "POST", target, node_only=True)
+
+
+def test_a_seal_covers_what_it_names_and_needs_the_secret() -> None:
+    seal = TRUST.seal("kv", "ident", "alice", "ab" * 32)
+    assert TRUST.sealed(seal, "kv", "ident", "alice", "ab" * 32)
+    assert not TRUST.sealed(seal, "kv", "ident", "bob", "ab" * 32)
+    assert not ClusterTrust(b"other").sealed(seal, "kv", "ident", "alice", "ab" * 32)
+    assert not ClusterTrust(None).sealed("", "kv", "ident", "alice", "ab" * 32)
