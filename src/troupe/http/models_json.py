@@ -64,7 +64,7 @@ def _extras(view: ModelView | None, now: float) -> dict[str, Any]:
         "held_back_seconds": held,
         "pin": view.pin,
         "ttl": view.ttl,
-        "phase": view.phase.value,
+        "phase": view.shown_phase,  # its phase, or what the data beside it names ("failed")
         "cpu": _cpu(view),
         "gpu": _gpu(view),
         # The engine's staged progress as one percentage, while it loads (troupe ps).

@@ -20,7 +20,7 @@ from troupe.sched.effects import (
     Spawn,
     Stop,
 )
-from troupe.sched.phase import Phase
+from troupe.sched.phase import Phase, Restart
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.settle import FAKE_TIMING_DELAY
 from troupe.sched.status import Status
@@ -37,6 +37,7 @@ __all__ = [
     "Phase",
     "Prefetch",
     "Reply",
+    "Restart",
     "RestartKey",
     "SampleMemory",
     "SchedulerCore",

@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from troupe.sched.admission import MemoryAdmission
-from troupe.sched.children import Children, CrashRecord, at_rest
+from troupe.sched.children import Children, CrashRecord
 from troupe.sched.events import ChildExited, StatusChanged
 from troupe.sched.lru import pick_victim
 from troupe.sched.outbox import Outbox
-from troupe.sched.phase import Phase
+from troupe.sched.phase import Phase, Restart
 from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
@@ -21,7 +21,12 @@ from troupe.sched.table import ModelState, ModelTable
 
 __all__ = ["ChildReports"]
 
-_REPORTED = {"loading": Status.LOADING, "ready": Status.LOADED, "sleeping": Status.SLEEPING}
+# A child's state line: the phase it puts its model in, and the status its event says.
+_REPORTED = {
+    "loading": (Phase.LOADING, Status.LOADING),
+    "ready": (Phase.LOADED, Status.LOADED),
+    "sleeping": (Phase.SLEEPING, Status.SLEEPING),
+}
 
 
 class ChildReports:
@@ -57,21 +62,22 @@ class ChildReports:
     def state(self, model: str, gen: int, state: str, payload: Any, now: float) -> bool:
         """A ``cmd_child_to_router:state:`` line; an unknown state is ignored."""
         m = self._table.current(model, gen)
-        reported = _REPORTED.get(state)
-        if m is None or reported is None or not m.is_running or m.spawn_pending:
+        report = _REPORTED.get(state)
+        if m is None or report is None or not m.is_running or m.spawn_pending:
             return False
+        reported, says = report
         m.reported = reported
         m.exit_code = 0
         if m.phase not in (Phase.DRAINING, Phase.STOPPING):
-            m.move(Phase.reporting(reported))  # a draining or stopping child keeps its course
-        event = StatusChanged(model, reported)
-        if reported is Status.LOADING:
+            m.move(reported)  # a draining or stopping child keeps its course
+        event = StatusChanged(model, says)
+        if reported is Phase.LOADING:
             m.progress = payload if isinstance(payload, dict) else None
-            event = StatusChanged(model, reported, progress=payload)
-        elif reported is Status.LOADED:
+            event = StatusChanged(model, says, progress=payload)
+        elif reported is Phase.LOADED:
             self._came_up(m, payload, now)
             # Upstream: any non-empty payload is the info.
-            event = StatusChanged(model, reported, info=payload or None)
+            event = StatusChanged(model, says, info=payload or None)
         elif self._memory is not None:
             self._memory.changed(released=True)  # a sleeping child gives its memory back
         self._out.emit(event)
@@ -120,7 +126,9 @@ class ChildReports:
             self._queue.claim_failed(model)
         if self._memory is not None:
             self._memory.changed(released=True)
-        m.reported = Status.UNLOADED
+        m.reported = None
+        m.spawn_pending = False
+        m.delay_until = None
         m.exit_code = code
         m.drain_for = None
         m.in_flight = 0  # leases on the dead child no longer count (see release)
@@ -130,27 +138,27 @@ class ChildReports:
             m.last_error = detail
         victims = self._oom_victims(m, oom_device) if oom and was_loading and not expected else []
         if victims and not was_stopping:
-            m.move(Phase.RETRYING)  # its waiters keep waiting for the second try
+            m.move(Phase.UNLOADED, Restart.OOM)  # its waiters keep waiting for the second try
         elif not expected and self._crashes.crashed(m, now):
             m.move(Phase.HELD)
         elif was_stopping and m.last_stop is not None and m.last_stop.reason is StopReason.REPLAN:
             m.exit_code = 0  # asked for, not a failure (a load it killed exits 1)
-            m.move(Phase.REPLANNING)  # started again at once, on its narrower lane
+            m.move(Phase.UNLOADED, Restart.REPLAN)  # started again at once, on its narrower lane
         else:
-            m.move(at_rest(m))
+            m.move(Phase.UNLOADED)  # failed, if its exit code says so
         self._children.free_cpus(m)
         if was_running:
             self._out.emit(StatusChanged(model, Status.UNLOADED, exit_code=code))
             # troupe's own: did troupe ask for it, and was it OOM (metrics, logs, dashboard)
             self._out.emit(ChildExited(model, code, expected, oom))
-        if m.phase is Phase.RETRYING:
+        if m.restart is Restart.OOM:
             # A load that died of OOM while idle models were resident: evict them all and
             # try once more.
             m.oom_retried = True
             for victim in victims:
                 cause = StopCause(StopReason.MEMORY, model)
                 v = self._table.models[victim]
-                if v.phase is Phase.REPLANNING:
+                if v.restart is Restart.REPLAN:
                     v.last_stop = cause  # its start on a narrower lane is called off
                     v.move(Phase.UNLOADED)
                 elif v.stopping:
@@ -197,7 +205,7 @@ class ChildReports:
 
 
 def _replanned(o: ModelState) -> bool:
-    if o.phase is Phase.REPLANNING:
+    if o.restart is Restart.REPLAN:
         return True
     if o.replanned and o.child_loading and not o.in_flight:
         return True  # started again on its narrower lane, nobody's request on it

@@ -14,7 +14,7 @@ from troupe.sched.drain import DrainClock
 from troupe.sched.effects import Spawn, Stop
 from troupe.sched.events import ModelStatusSet, StopRequested
 from troupe.sched.outbox import Outbox
-from troupe.sched.phase import Phase
+from troupe.sched.phase import Phase, Restart
 from troupe.sched.reasons import StopCause
 from troupe.sched.status import Status
 from troupe.sched.table import ModelState, ModelTable
@@ -62,15 +62,10 @@ class CrashRecord:
         )
 
 
-def at_rest(m: ModelState) -> Phase:
-    """Where a model without a child rests: failed if its last child ended badly."""
-    return Phase.FAILED if m.exit_code != 0 else Phase.UNLOADED
-
-
 def lift_hold(m: ModelState) -> None:
     m.held_until = None
     if m.phase is Phase.HELD:
-        m.move(at_rest(m))
+        m.move(Phase.UNLOADED)  # failed still, if its last child ended badly
 
 
 class Children:
@@ -89,11 +84,12 @@ class Children:
         self._cpu = cpu
 
     def spawn(self, m: ModelState, now: float, delay: float, cpu: CpuPlan | None = None) -> None:
-        """Start ``m``'s next child (on lane ``cpu``, when troupe places it)."""
+        """Start ``m``'s next child (on lane ``cpu``, when troupe places it); ``delay``:
+        its process starts that much later (fake timing)."""
         m.gpu = self._gpus_for(m)
         m.gen = self._table.next_gen(m)
         m.cpu = cpu
-        m.replanned = m.phase is Phase.REPLANNING
+        m.replanned = m.restart is Restart.REPLAN
         if self._cpu is not None:
             if cpu is not None:
                 self._cpu.hold(m.name, cpu)
@@ -103,7 +99,9 @@ class Children:
         m.last_stop = None
         m.drain_for = None
         m.port = m.pid = 0
-        m.move(Phase.DELAYED if delay > 0 else Phase.STARTING)
+        m.spawn_pending = True
+        m.delay_until = now + delay if delay > 0 else None
+        m.move(Phase.STARTING)  # a pending restart is under way
         if delay <= 0:
             # Upstream's load() sets "loading" as it spawns: a GET /models or an unload
             # right after a successful POST /models/load must see a running model.
@@ -117,13 +115,13 @@ class Children:
             return None
         ledger = self._memory.ledger
         plan = ledger.planned.pop(m.name, None)
-        if plan is None and m.phase in (Phase.RETRYING, Phase.REPLANNING):
+        if plan is None and m.restart is not None:
             plan = m.gpu
         ledger.spawned(m.name, plan)
         return plan
 
     def announce_loading(self, m: ModelState, now: float) -> None:
-        m.reported = Status.LOADING
+        m.reported = Phase.LOADING
         m.loaded_info = None
         m.progress = None
         if not m.replanned:
@@ -137,9 +135,12 @@ class Children:
     def started(self, m: ModelState, port: int, pid: int, now: float) -> None:
         """The spawn's process is up (``spawned``)."""
         m.port, m.pid = port, pid
-        if m.reported is Status.UNLOADED:  # a delayed spawn: loading starts only now
+        m.spawn_pending = False
+        m.delay_until = None
+        if m.reported is None:  # a delayed spawn: loading starts only now
             self.announce_loading(m, now)
-        m.move(Phase.STOPPING if m.phase is Phase.ABORTING else Phase.LOADING)
+        if m.phase is not Phase.STOPPING:  # told to stop before it started: it stops now
+            m.move(Phase.LOADING)
         if self._memory is not None:
             self._memory.changed()
 
@@ -158,7 +159,7 @@ class Children:
         self.free_cpus(m)  # an exiting child computes nothing: its lane is free
         # A model still loading has no request to finish: it is killed at once.
         kill = m.child_loading or m.spawn_pending
-        m.move(Phase.ABORTING if m.spawn_pending else Phase.STOPPING)
+        m.move(Phase.STOPPING)  # before its process started: killed once it has
         save = cause.reason.saves_slots and not kill
         self._out.add(Stop(m.name, m.gen, kill=kill, cause=cause, save_slots=save))
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from troupe.sched.admission import MemoryAdmission
 from troupe.sched.child_reports import ChildReports
-from troupe.sched.children import Children, CrashRecord, at_rest, lift_hold
+from troupe.sched.children import Children, CrashRecord, lift_hold
 from troupe.sched.cpu import CpuLedger
 from troupe.sched.drain import DrainClock
 from troupe.sched.effects import Effect, Failure
@@ -343,8 +343,8 @@ class SchedulerCore:
         if m is None:
             out.reply(rid, Failure.bad_request("model is not found"))
         elif not m.announced:
-            if m.phase in (Phase.RETRYING, Phase.REPLANNING):
-                m.move(at_rest(m))  # the second start is called off; its waiters fail
+            if m.restart is not None:
+                m.move(Phase.UNLOADED)  # the second start is called off; its waiters fail
                 self._settle(now)
             out.reply(rid, Failure.bad_request("model is not running"))
         else:

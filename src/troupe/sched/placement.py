@@ -5,7 +5,7 @@ A model whose lane is held by a wider child never waits for it: it starts at onc
 the cores that child will give up (a shared lane until then), and the wider child is
 narrowed as soon as it can be: at once when idle; when busy, it takes no new request,
 finishes the ones it has (the drain's mechanism), stops, and is started again on its
-narrower lane (`Phase.REPLANNING`); a child still loading is narrowed once it is ready.
+narrower lane (`Restart.REPLAN`); a child still loading is narrowed once it is ready.
 A user's long answer on one model therefore never holds another model's load back.
 """
 
@@ -15,7 +15,7 @@ from troupe.sched.children import Children
 from troupe.sched.cpu import CpuLedger, CpuPlan
 from troupe.sched.events import DrainStarted
 from troupe.sched.outbox import Outbox
-from troupe.sched.phase import Phase
+from troupe.sched.phase import Phase, Restart
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.table import ModelState, ModelTable
@@ -135,7 +135,7 @@ class Placement:
 
 def _will_run(o: ModelState) -> bool:
     """Running and staying, or on its way back on a narrower lane (a re-plan)."""
-    if o.phase is Phase.REPLANNING:
+    if o.restart is Restart.REPLAN:
         return True
     if o.stopping:
         return o.last_stop is not None and o.last_stop.reason is StopReason.REPLAN

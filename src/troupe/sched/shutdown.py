@@ -3,7 +3,7 @@ full queue (``--queue-max``: 503 with a Retry-After from measured load times).""
 
 from __future__ import annotations
 
-from troupe.sched.children import Children, at_rest
+from troupe.sched.children import Children
 from troupe.sched.effects import Failure
 from troupe.sched.outbox import Outbox
 from troupe.sched.phase import Phase
@@ -43,8 +43,8 @@ class Shutdown:
         one waits for them)."""
         self._close()
         for m in list(self._table):
-            if m.phase in (Phase.RETRYING, Phase.REPLANNING):
-                m.move(at_rest(m))
+            if m.restart is not None:
+                m.move(Phase.UNLOADED)  # its second start is called off
             if m.child_loading or m.spawn_pending:
                 self._children.stop(m, _SHUTDOWN, now)
         self._measure_no_more()

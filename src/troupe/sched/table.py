@@ -13,11 +13,19 @@ from troupe.sched.cpu import CpuPlan, CpuRequest
 from troupe.sched.devices import GpuPlan, GpuRequest
 from troupe.sched.downloads import DownloadView
 from troupe.sched.memory import DeviceMemory
-from troupe.sched.phase import TRANSITIONS, IllegalTransition, Phase
+from troupe.sched.phase import RESTARTS, TRANSITIONS, IllegalTransition, Phase, Restart
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.status import Status
 
-__all__ = ["ModelConfig", "ModelState", "ModelTable", "ModelView", "RestartKey", "Snapshot"]
+__all__ = [
+    "ModelConfig",
+    "ModelState",
+    "ModelTable",
+    "ModelView",
+    "RestartKey",
+    "Snapshot",
+    "Tally",
+]
 
 
 @attrs.frozen
@@ -51,20 +59,46 @@ class ModelConfig:
     restart_key: RestartKey = RestartKey()  # a reload restarts it when this changes
 
 
+class Tally:
+    """How many models of a table are in each phase, and have each restart pending, kept
+    by `ModelState.move`: a settle rule asks whether any is, cheaply."""
+
+    def __init__(self) -> None:
+        self.phases: dict[Phase, int] = dict.fromkeys(Phase, 0)
+        self.restarts: dict[Restart, int] = dict.fromkeys(Restart, 0)
+
+    def count(self, m: ModelState, step: int) -> None:
+        self.phases[m.phase] += step
+        if m.restart is not None:
+            self.restarts[m.restart] += step
+
+
 @attrs.define
 class ModelState:
-    """One model's lifecycle phase and what goes with it. Mutable, and only ever
-    touched by the scheduler core; the phase changes only through `move`."""
+    """One model's lifecycle phase and the data that goes with it. Mutable, and only
+    ever touched by the scheduler core; the phase (and a pending restart) changes only
+    through `move`. The core decides on these; llama.cpp's `Status` is derived from them
+    for readers (`troupe.sched.views.status_of`)."""
 
     config: ModelConfig
     phase: Phase = Phase.UNLOADED
     # What the current child last reported (or troupe announced for it: loading at a
-    # spawn): what readers see while it drains or stops.
-    reported: Status = Status.UNLOADED
+    # spawn, or once a delayed spawn's process started), as the phase it puts the model
+    # in: LOADING, LOADED or SLEEPING; None: nothing (no child, or a delayed spawn not
+    # started yet). What the model shows, and is, while it drains or stops.
+    reported: Phase | None = None
     gen: int = 0  # generation of the current (or last) child
     port: int = 0
     pid: int = 0
-    exit_code: int = 0  # upstream's, of the last child (0 while one runs)
+    exit_code: int = 0  # upstream's, of the last child (0 while one runs): non-zero failed
+    # A Spawn was issued and its process has not started yet (STARTING; STOPPING when it
+    # was told to stop before that: killed once it has).
+    spawn_pending: bool = False
+    # The spawn waits out LLAMA_SERVER_DEBUG_FAKE_TIMING until then (Trio time): it shows
+    # unloaded and is not announced. None: no delay, or its process has started.
+    delay_until: float | None = None
+    # UNLOADED only: it is to start again at once (set and cleared through `move`).
+    restart: Restart | None = None
     last_stop: StopCause | None = None  # why the current (or last) child was told to stop
     replanned: bool = False  # the current child was started again by a re-plan (CPU lane)
     drain_for: str | None = None  # draining for this model (kept while it then stops)
@@ -87,20 +121,28 @@ class ModelState:
     # A request's keep_alive (the Ollama API) for child ``gen``: (gen, idle seconds),
     # inf for "keep it loaded". Only that child's: the next one starts with its config.
     keep_alive: tuple[int, float] | None = None
-    # Its table's count of models per phase (`ModelTable.in_phase`), kept by `move`.
-    tally: dict[Phase, int] | None = attrs.field(default=None, eq=False, repr=False)
+    # Its table's count of models per phase and restart (`ModelTable.in_phase`), kept by
+    # `move`.
+    tally: Tally | None = attrs.field(default=None, eq=False, repr=False)
 
-    def move(self, phase: Phase) -> None:
-        """The one way a phase changes; a move the lifecycle does not list raises."""
+    def move(self, phase: Phase, restart: Restart | None = None) -> None:
+        """The one way a phase changes. ``restart``: the move (to UNLOADED, from a phase
+        `RESTARTS` lists) leaves a restart pending; any move without it calls a pending
+        one off. A move the lifecycle does not list raises."""
         old = self.phase
-        if phase is old:
-            return
-        if phase not in TRANSITIONS[old]:
+        if restart is not None and (phase is not Phase.UNLOADED or old not in RESTARTS[restart]):
+            raise IllegalTransition(self.config.name, old, phase, restart)
+        if phase is not old and phase not in TRANSITIONS[old]:
             raise IllegalTransition(self.config.name, old, phase)
+        if phase is old and restart is self.restart:
+            return
+        tally = self.tally
+        if tally is not None:
+            tally.count(self, -1)
         self.phase = phase
-        if self.tally is not None:
-            self.tally[old] -= 1
-            self.tally[phase] += 1
+        self.restart = restart
+        if tally is not None:
+            tally.count(self, +1)
 
     @property
     def name(self) -> str:
@@ -126,44 +168,47 @@ class ModelState:
             return self.config.ttl
         return None if kept == math.inf else kept
 
-    @property
-    def status(self) -> Status:
-        """llama.cpp's status, as readers see it (`troupe.sched.views`; the core decides
-        on the phase, never on this)."""
-        return self.phase.shows(self.reported)
-
-    # What the core decides on: the phase, and only where the phase does not say what the
-    # current child is doing (it drains, stops, or is killed before it started) what that
+    # What the core decides on: the phase and the data beside it, and only where the
+    # phase does not say what the current child is doing (it drains or stops) what that
     # child last reported.
+
+    @property
+    def delayed(self) -> bool:
+        """A spawn waiting out fake timing (no process yet, not announced)."""
+        return self.phase is Phase.STARTING and self.delay_until is not None
 
     @property
     def announced(self) -> bool:
         """A child runs and troupe has said it is loading (at the spawn; a delayed spawn
         once its process started): upstream counts the model as running."""
-        phase = self.phase
-        if phase is Phase.DELAYED or not phase.is_running:
-            return False
-        return phase is not Phase.ABORTING or self.reported is not Status.UNLOADED
+        return self.phase.is_running and self.reported is not None
 
     @property
     def child_loading(self) -> bool:
         """Its child is still loading the model (it has no request to finish)."""
         phase = self.phase
-        if phase is Phase.STARTING or phase is Phase.LOADING:
+        if phase is Phase.LOADING:
             return True
-        return phase in _HIDING and self.reported is Status.LOADING
+        if phase is Phase.STARTING:
+            return self.delay_until is None
+        return phase in _HIDING and self.reported is Phase.LOADING
 
     @property
     def child_loaded(self) -> bool:
         """Its child has the model loaded and awake, and is not told to stop (it may drain)."""
         phase = self.phase
-        return phase is Phase.LOADED or (phase is Phase.DRAINING and self.reported is Status.LOADED)
+        return phase is Phase.LOADED or (phase is Phase.DRAINING and self.reported is Phase.LOADED)
 
     @property
     def asleep(self) -> bool:
         """Its child sleeps (its memory given back)."""
         phase = self.phase
-        return phase is Phase.SLEEPING or (phase in _HIDING and self.reported is Status.SLEEPING)
+        return phase is Phase.SLEEPING or (phase in _HIDING and self.reported is Phase.SLEEPING)
+
+    @property
+    def aborting(self) -> bool:
+        """Told to stop before its process started: killed once it has."""
+        return self.phase is Phase.STOPPING and self.spawn_pending
 
     @property
     def is_running(self) -> bool:
@@ -174,15 +219,10 @@ class ModelState:
         return self.phase.is_stopping
 
     @property
-    def spawn_pending(self) -> bool:
-        """A Spawn was issued and its process has not started yet."""
-        return self.phase.is_spawning
-
-    @property
     def restarting(self) -> bool:
         """Its child is being started again on a narrower CPU lane (a re-plan): resident
         all along as far as llama.cpp's API is concerned, and no use of the model."""
-        if self.phase is Phase.REPLANNING:
+        if self.restart is Restart.REPLAN:
             return True
         return self.replanned and self.phase in (Phase.STARTING, Phase.LOADING)
 
@@ -197,7 +237,7 @@ class ModelState:
 
 
 # Phases in which the current child's own state is what it last reported.
-_HIDING = frozenset({Phase.DRAINING, Phase.STOPPING, Phase.ABORTING})
+_HIDING = frozenset({Phase.DRAINING, Phase.STOPPING})
 
 
 class ModelTable:
@@ -206,7 +246,7 @@ class ModelTable:
     def __init__(self, configs: Iterable[ModelConfig]) -> None:
         self.models: dict[str, ModelState] = {}
         # How many models are in each phase: a settle rule asks whether any is, cheaply.
-        self._tally: dict[Phase, int] = dict.fromkeys(Phase, 0)
+        self._tally = Tally()
         for c in configs:
             self.add(c)
         # A model's generations never repeat, also across a removal and a re-add by a
@@ -238,7 +278,7 @@ class ModelTable:
     def add(self, config: ModelConfig) -> ModelState:
         self._forget(self.models.get(config.name))
         m = self.models[config.name] = ModelState(config, tally=self._tally)
-        self._tally[m.phase] += 1
+        self._tally.count(m, +1)
         return m
 
     def drop(self, name: str) -> None:
@@ -247,7 +287,7 @@ class ModelTable:
 
     def _forget(self, m: ModelState | None) -> None:
         if m is not None:
-            self._tally[m.phase] -= 1
+            self._tally.count(m, -1)
             m.tally = None
 
     def retire(self, name: str) -> None:
@@ -278,7 +318,11 @@ class ModelTable:
 
     def in_phase(self, phase: Phase) -> bool:
         """Is any model in ``phase``?"""
-        return self._tally[phase] > 0
+        return self._tally.phases[phase] > 0
+
+    def pending(self, restart: Restart) -> bool:
+        """Has any model ``restart`` pending?"""
+        return self._tally.restarts[restart] > 0
 
     def any_stopping(self) -> bool:
         return any(m.stopping for m in self.models.values())
@@ -316,6 +360,9 @@ class ModelView:
     pin: bool
     ttl: float | None
     phase: Phase = Phase.UNLOADED
+    # The lifecycle word ``/models`` shows (``troupe.phase``): the phase, or what the data
+    # beside it says (failed, retrying, replanning, delayed, aborting); `views.shown_phase`.
+    shown_phase: str = "unloaded"
     wait_reason: str | None = None  # why its queued requests wait (None: nobody waits)
     draining_for: str | None = None  # it is being swapped out for this model
     memory_need: Mapping[str, int] | None = None  # what loading it takes, before it loads

@@ -1,6 +1,9 @@
 """What the scheduler core shows of itself: the snapshot readers get, and the
-``troupe_queue`` SSE events. Why a request waits is not derived here: the settle rule
-that decided it recorded the reason on the queue entry (`QueueEntry.reason`)."""
+``troupe_queue`` SSE events. llama.cpp's `Status` of a model, and the lifecycle word
+``/models`` shows, are computed here alone (`status_of`, `shown_phase`) from the phase and
+the data beside it; the core decides on those, never on a `Status`. Why a request waits
+is not derived here: the settle rule that decided it recorded the reason on the queue
+entry (`QueueEntry.reason`)."""
 
 from __future__ import annotations
 
@@ -10,11 +13,55 @@ from troupe.sched.admission import MemoryAdmission
 from troupe.sched.events import QueueChanged
 from troupe.sched.memory import PerDevice
 from troupe.sched.outbox import Outbox
+from troupe.sched.phase import Phase, Restart
 from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
+from troupe.sched.status import Status
 from troupe.sched.table import ModelState, ModelTable, ModelView
 
-__all__ = ["QueueReporter", "model_views"]
+__all__ = ["QueueReporter", "model_views", "shown_phase", "status_of"]
+
+# llama.cpp's status of a model whose phase says it; while it drains or stops, what its
+# child last reported (upstream keeps showing a stopping child as it was until it exits).
+_SHOWN = {
+    Phase.UNLOADED: Status.UNLOADED,
+    Phase.HELD: Status.UNLOADED,
+    Phase.LOADING: Status.LOADING,
+    Phase.LOADED: Status.LOADED,
+    Phase.SLEEPING: Status.SLEEPING,
+}
+
+
+def status_of(m: ModelState) -> Status:
+    """llama.cpp's status of ``m``, as readers see it. A spawn shows loading (upstream's
+    load() says so as it spawns) unless it waits out fake timing."""
+    phase = m.phase
+    shown = _SHOWN.get(phase)
+    if shown is not None:
+        return shown
+    if phase is Phase.STARTING:
+        return Status.UNLOADED if m.delayed else Status.LOADING
+    reported = m.reported  # it drains or stops
+    return _SHOWN[reported] if reported is not None else Status.UNLOADED
+
+
+_RESTARTING = {Restart.OOM: "retrying", Restart.REPLAN: "replanning"}
+_WORD: dict[Phase, str] = {p: p.value for p in Phase}
+
+
+def shown_phase(m: ModelState) -> str:
+    """The lifecycle word ``/models`` shows for ``m`` (``troupe.phase``): its phase, or
+    where the data beside it names a state of its own, that name."""
+    phase = m.phase
+    if phase is Phase.UNLOADED:
+        if m.restart is not None:
+            return _RESTARTING[m.restart]
+        return "failed" if m.exit_code != 0 else "unloaded"
+    if phase is Phase.STARTING and m.delayed:
+        return "delayed"
+    if m.aborting:
+        return "aborting"
+    return _WORD[phase]
 
 
 class QueueReporter:
@@ -49,7 +96,7 @@ def model_views(
     return {
         name: ModelView(
             name=name,
-            status=m.status,
+            status=status_of(m),
             port=m.port,
             pid=m.pid,
             exit_code=m.exit_code,
@@ -71,6 +118,7 @@ def model_views(
             restarting=m.restarting,
             slots=slots.get(name) if slots is not None else None,
             phase=m.phase,
+            shown_phase=shown_phase(m),
             wait_reason=reasons.get(name),
             draining_for=m.draining_for,
             memory_need=ledger.estimates.get(name) if ledger else None,

@@ -27,6 +27,7 @@ from troupe.sched import (
     Phase,
     Prefetch,
     Reply,
+    Restart,
     RestartKey,
     SampleMemory,
     SchedulerCore,
@@ -40,6 +41,7 @@ from troupe.sched.lru import demand, evictions_needed, pick_victim
 from troupe.sched.placement import WIDEN_AFTER
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.terms import TenantTerms
+from troupe.sched.views import status_of
 
 __all__ = ["CRASH_LIMIT", "CRASH_WINDOW", "REPORTED", "Ask", "Child", "World"]
 
@@ -297,7 +299,7 @@ class World:
         waiting = {a.tenant for a in self.waiting.values() if a.kind == "acquire"}
         self.bypassed = {t: n for t, n in self.bypassed.items() if t in waiting}
         for name in list(self.replanning):  # a second start called off (unload, shutdown)
-            back = self.core.table.models[name].phase is Phase.REPLANNING
+            back = self.core.table.models[name].restart is Restart.REPLAN
             if not back and name not in self.children:
                 self.replanning.discard(name)
         return effects
@@ -574,8 +576,8 @@ class World:
         if first is not None and has_slot and not core.changes.reloading:
             m = core.table.models[first.model]
             held = m.held_until is not None and self.now < m.held_until
-            retry = m.phase is Phase.RETRYING
-            if m.status is Status.UNLOADED and not m.spawn_pending and not held and not retry:
+            retry = m.restart is Restart.OOM
+            if status_of(m) is Status.UNLOADED and not m.spawn_pending and not held and not retry:
                 # It may wait for its CPU lane only while a wider child is being narrowed.
                 assert self.replan_under_way(), f"{first} is next in line, could load, waits"
         for rid, a in self.waiting.items():
@@ -610,13 +612,13 @@ class World:
     def replan_under_way(self) -> bool:
         assert self.core is not None
         for m in self.core.table:
-            if m.phase is Phase.REPLANNING:
+            if m.restart is Restart.REPLAN:
                 return True
             if m.phase is Phase.DRAINING and m.drain_reason is StopReason.REPLAN:
                 return True
             if m.stopping and m.last_stop is not None and m.last_stop.reason is StopReason.REPLAN:
                 return True
-            if self.core.cpu is not None and m.status is Status.LOADING and m.in_flight:
+            if self.core.cpu is not None and status_of(m) is Status.LOADING and m.in_flight:
                 return True  # a wider child still loading, a request on it: narrowed after
             if m.restarting:
                 return True  # started again narrower: a load's victim is chosen once it is up

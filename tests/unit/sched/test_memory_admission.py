@@ -13,6 +13,7 @@ from troupe.sched.events import MemoryWarning
 from troupe.sched.memory import DeviceMemory, MemoryLedger, MemorySample
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.table import ModelConfig
+from troupe.sched.views import status_of
 
 MiB = 1 << 20
 TOTAL = 1000 * MiB
@@ -300,19 +301,19 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(model=st.sampled_from("abcd"))
     def child_comes_up(self, model: str) -> None:
         m = self.d.c.table.models[model]
-        if m.spawn_pending or (m.status.value == "loading" and model not in self.d.pids):
+        if m.spawn_pending or (status_of(m).value == "loading" and model not in self.d.pids):
             self.d.start(model)
 
     @rule(model=st.sampled_from("abcd"), crash=st.booleans())
     def child_exits(self, model: str, crash: bool) -> None:
         m = self.d.c.table.models[model]
-        if m.status.is_running and not m.spawn_pending:
+        if status_of(m).is_running and not m.spawn_pending:
             self.d.exit(model, 1 if crash else 0, expected=not crash)
 
     @rule(model=st.sampled_from("abcd"))
     def child_sleeps(self, model: str) -> None:
         m = self.d.c.table.models[model]
-        if m.status.value == "loaded":
+        if status_of(m).value == "loaded":
             self.d.run(self.d.c.child_state(model, m.gen, "sleeping", {}, self.d.now))
 
     @rule(data=st.data())
@@ -331,7 +332,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert held == expected
         assert held >= 0
         for name, m in c.table.models.items():
-            if not m.status.is_running:
+            if not status_of(m).is_running:
                 assert name not in holders  # a crash or an exit releases everything
 
     @invariant()

@@ -41,6 +41,7 @@ from troupe.sched import (
     Grant,
     ModelConfig,
     Phase,
+    Restart,
     RestartKey,
     SchedulerCore,
     Spawn,
@@ -50,8 +51,27 @@ from troupe.sched import (
 from troupe.sched.cpu import CpuCore, CpuLedger, CpuTopology
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.terms import TenantTerms
+from troupe.sched.views import status_of
 
 NAMES = ("m0", "m1", "m2", "m3", "m4")
+# ``troupe.phase`` in GET /models: the words it showed when each was a phase of its own.
+SHOWN_PHASES = frozenset(
+    {
+        "unloaded",
+        "failed",
+        "held",
+        "retrying",
+        "replanning",
+        "delayed",
+        "starting",
+        "loading",
+        "loaded",
+        "sleeping",
+        "draining",
+        "aborting",
+        "stopping",
+    }
+)
 LOADING_PAYLOADS = st.sampled_from(
     [None, {}, {"stages": ["text_model"], "current": "text_model", "value": 0.5}]
 )
@@ -581,7 +601,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
         if self.core is None:
             return
         for name, m in self.core.table.models.items():
-            if m.status.is_running:
+            if status_of(m).is_running:
                 live = sum(1 for lease in self.leases.values() if lease == (name, m.gen))
                 assert m.in_flight == live, (name, m.in_flight, live)
             else:
@@ -614,19 +634,27 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             assert v.queue_position == pos
             assert v.waiting == (entries[pos - 1].waiters if pos else 0)
             assert (v.pin, v.ttl) == (self.configs[name].pin, self.ttl_of(name))
-            # The lifecycle phase agrees with the world: a child exactly while running, not
-            # started exactly while spawning, a drain only of a model that still serves.
+            # The lifecycle phase and the data beside it agree with the world: a child
+            # exactly while running, not started exactly while a spawn is pending (a spawn
+            # or a stop before its process started), a drain only of a model that still
+            # serves, a restart pending only without a child.
             assert v.phase.is_running == (child is not None), (name, v.phase, child)
             if child is not None:
-                assert v.phase.is_spawning == (not child.started), (name, v.phase, child)
+                assert m.spawn_pending == (not child.started), (name, v.phase, child)
+            assert not m.spawn_pending or m.phase in (Phase.STARTING, Phase.STOPPING), (name, m)
+            assert m.delay_until is None or m.spawn_pending, (name, m)
             draining = v.draining_for is not None and not v.stopping
             assert (v.phase is Phase.DRAINING) == draining, (name, v.phase, v.draining_for)
             if v.phase is Phase.HELD:
                 assert v.held_until is not None, (name, v)
-            if v.phase is Phase.FAILED:
-                assert v.exit_code != 0, (name, v)
-            if v.phase is Phase.RETRYING:
+            if m.restart is not None:
+                assert v.phase is Phase.UNLOADED, (name, v.phase, m.restart)
+            if m.restart is Restart.OOM:
                 assert name in self.oom_retry, (name, self.oom_retry)
+            # /models' lifecycle word is one of the thirteen it has always shown.
+            assert v.shown_phase in SHOWN_PHASES, (name, v.shown_phase)
+            if v.shown_phase == "failed":
+                assert v.exit_code != 0, (name, v)
 
     # ----- teardown: children behave, everything completes, everyone is answered -------------
 

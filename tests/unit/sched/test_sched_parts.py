@@ -13,11 +13,11 @@ from troupe.sched.effects import Emit, SampleMemory
 from troupe.sched.events import QueueChanged, StatusChanged, StopRequested
 from troupe.sched.memory import DeviceMemory, MemoryLedger, MemorySample
 from troupe.sched.outbox import Outbox
-from troupe.sched.phase import TRANSITIONS, IllegalTransition
+from troupe.sched.phase import RESTARTS, TRANSITIONS, IllegalTransition, Restart
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reloads import CatalogueChanges
 from troupe.sched.table import ModelConfig, ModelState, ModelTable
-from troupe.sched.views import QueueReporter
+from troupe.sched.views import QueueReporter, shown_phase, status_of
 
 MiB = 1 << 20
 
@@ -38,9 +38,41 @@ def test_every_phase_has_its_moves_and_is_reachable_from_unloaded() -> None:
 def test_every_phase_with_a_child_can_end_and_every_phase_can_come_back_to_rest() -> None:
     for phase in Phase:
         if phase.is_running:
-            assert {Phase.UNLOADED, Phase.FAILED, Phase.HELD} <= TRANSITIONS[phase], phase
-    for phase in (Phase.FAILED, Phase.HELD, Phase.RETRYING, Phase.REPLANNING):
-        assert TRANSITIONS[phase] & {Phase.UNLOADED, Phase.FAILED}, phase
+            assert {Phase.UNLOADED, Phase.HELD} <= TRANSITIONS[phase], phase
+    assert Phase.UNLOADED in TRANSITIONS[Phase.HELD]
+    for restart, sources in RESTARTS.items():
+        assert sources, restart
+        assert all(p.is_running for p in sources), restart
+
+
+def test_the_lifecycle_stays_small_what_else_is_known_is_data() -> None:
+    """Issue 31: a failure, a spawn's delay, a pending restart and a stop before the
+    process started are data beside the phase, not phases of their own."""
+    assert len(Phase) <= 9, [p.name for p in Phase]
+
+
+def test_a_pending_restart_is_set_by_a_move_from_where_it_may_come_and_called_off_by_any() -> None:
+    table = ModelTable([ModelConfig("a")])
+    m = table.models["a"]
+    m.move(Phase.STARTING)
+    m.move(Phase.LOADING)
+    with pytest.raises(IllegalTransition, match=r"LOADING -> UNLOADED \(REPLAN\)"):
+        m.move(Phase.UNLOADED, Restart.REPLAN)  # only a stop for a narrower lane re-plans
+    with pytest.raises(IllegalTransition, match=r"LOADING -> HELD \(OOM\)"):
+        m.move(Phase.HELD, Restart.OOM)  # a restart is pending only without a child
+    assert (m.phase, m.restart) == (Phase.LOADING, None)
+    m.move(Phase.UNLOADED, Restart.OOM)  # died of OOM while loading
+    assert (m.phase, m.restart, table.pending(Restart.OOM)) == (Phase.UNLOADED, Restart.OOM, True)
+    assert not table.in_phase(Phase.LOADING)
+    assert table.in_phase(Phase.UNLOADED)
+    m.move(Phase.UNLOADED)  # called off (an unload, a shutdown)
+    assert (m.restart, table.pending(Restart.OOM)) == (None, False)
+    m.move(Phase.STARTING)
+    m.move(Phase.STOPPING)
+    m.move(Phase.UNLOADED, Restart.REPLAN)
+    assert table.pending(Restart.REPLAN)
+    m.move(Phase.STARTING)  # the restart is under way: no longer pending
+    assert (m.restart, table.pending(Restart.REPLAN)) == (None, False)
 
 
 def test_an_illegal_move_raises_and_leaves_the_phase_as_it_was() -> None:
@@ -60,17 +92,38 @@ def test_an_illegal_move_raises_and_leaves_the_phase_as_it_was() -> None:
 
 
 def test_the_status_readers_see_is_derived_and_a_stopping_child_shows_what_it_was() -> None:
-    assert Phase.STARTING.shows(Status.UNLOADED) is Status.LOADING
-    assert Phase.DELAYED.shows(Status.UNLOADED) is Status.UNLOADED  # fake timing: not yet
-    assert Phase.HELD.shows(Status.LOADED) is Status.UNLOADED
-    for reported in (Status.LOADING, Status.LOADED, Status.SLEEPING):
-        assert Phase.STOPPING.shows(reported) is reported
-        assert Phase.DRAINING.shows(reported) is reported
+    def state(phase: Phase, **data: object) -> ModelState:
+        return ModelState(ModelConfig("a"), phase=phase, **data)  # type: ignore[arg-type]
+
+    starting = state(Phase.STARTING, reported=Phase.LOADING, spawn_pending=True)
+    assert (status_of(starting), shown_phase(starting)) == (Status.LOADING, "starting")
+    delayed = state(Phase.STARTING, spawn_pending=True, delay_until=2.0)
+    assert (status_of(delayed), shown_phase(delayed)) == (Status.UNLOADED, "delayed")
+    aborting = state(Phase.STOPPING, spawn_pending=True, delay_until=2.0)
+    assert (status_of(aborting), shown_phase(aborting)) == (Status.UNLOADED, "aborting")
+    held = state(Phase.HELD, exit_code=1, held_until=5.0)
+    assert (status_of(held), shown_phase(held)) == (Status.UNLOADED, "held")
+    for data, word in [
+        ({}, "unloaded"),
+        ({"exit_code": 1}, "failed"),
+        ({"exit_code": 1, "restart": Restart.OOM}, "retrying"),
+        ({"restart": Restart.REPLAN}, "replanning"),
+    ]:
+        m = state(Phase.UNLOADED, **data)
+        assert (status_of(m), shown_phase(m)) == (Status.UNLOADED, word)
+    for reported, status in [
+        (Phase.LOADING, Status.LOADING),
+        (Phase.LOADED, Status.LOADED),
+        (Phase.SLEEPING, Status.SLEEPING),
+    ]:
+        assert status_of(state(reported, reported=reported)) is status
+        for phase in (Phase.DRAINING, Phase.STOPPING):
+            assert status_of(state(phase, reported=reported)) is status
+            assert shown_phase(state(phase, reported=reported)) == phase.value
     assert [p for p in Phase if p.serves] == [Phase.LOADED, Phase.SLEEPING]
-    assert [p for p in Phase if p.is_stopping] == [Phase.ABORTING, Phase.STOPPING]
+    assert [p for p in Phase if p.is_stopping] == [Phase.STOPPING]
     running = {p for p in Phase if p.is_running}
-    resting = {Phase.UNLOADED, Phase.FAILED, Phase.HELD, Phase.RETRYING, Phase.REPLANNING}
-    assert running == set(Phase) - resting
+    assert running == set(Phase) - {Phase.UNLOADED, Phase.HELD}
 
 
 def test_the_table_forgets_a_retiring_model_for_requests_and_never_repeats_a_generation() -> None:
@@ -101,7 +154,7 @@ def test_crashes_within_the_window_hold_a_model_back_until_the_oldest_leaves_it(
     assert record.held_back(m, 139.0)
     assert "crashed 3 times in 60 s and is held back for 1 s more" in record.message(m, 139.0)
     assert not record.held_back(m, 140.0)
-    assert (m.phase, m.held_until) == (Phase.FAILED, None)  # lifted, still failed
+    assert (m.phase, m.held_until, m.failed) == (Phase.UNLOADED, None, True)  # still failed
 
 
 def test_lifting_a_hold_of_a_clean_exit_leaves_the_model_unloaded() -> None:

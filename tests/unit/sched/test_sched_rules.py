@@ -75,16 +75,74 @@ def test_a_request_waits_for_a_reload_and_says_so() -> None:
     assert b.view("b").wait_reason == "waiting for a reload to finish"
 
 
+# Where llama.cpp's `Status` may be read: the views that compute it for readers, the
+# published view types, the events and effects that carry it out of the core, and the
+# download table (whose own statuses are upstream's download states).
+_STATUS_READERS = {"views.py", "status.py", "downloads.py", "events.py", "effects.py"}
+_VIEW_TYPES = {"ModelView", "Snapshot"}  # in table.py
+
+
+def _status_decisions(tree: ast.Module) -> list[tuple[int, str]]:
+    """Each place ``tree`` decides on a `Status`: a ``.status`` read, a comparison or a
+    match case naming `Status`, a field or parameter typed with it."""
+
+    def names_status(node: ast.AST | None) -> bool:
+        return node is not None and any(
+            isinstance(n, ast.Name) and n.id == "Status" for n in ast.walk(node)
+        )
+
+    found: list[tuple[int, str]] = []
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.ClassDef) and node.name in _VIEW_TYPES:
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Attribute) and node.attr == "status":
+            found.append((node.lineno, "reads .status"))
+        elif isinstance(node, ast.Compare) and names_status(node):
+            found.append((node.lineno, "compares a Status"))
+        elif isinstance(node, ast.match_case) and names_status(node.pattern):
+            found.append((node.pattern.lineno, "matches a Status"))
+        elif isinstance(node, ast.AnnAssign | ast.arg) and names_status(node.annotation):
+            found.append((node.lineno, "holds a Status"))
+    return found
+
+
 def test_no_decision_in_the_core_reads_the_display_status() -> None:
-    """The core decides on the phase (`ModelState.announced`, `child_loading`...); llama.cpp's
-    `Status` of a model is computed for readers only (views, the published view types)."""
-    readers = {"views.py", "table.py", "downloads.py", "events.py", "effects.py", "status.py"}
+    """The core decides on the phase and the data beside it (`ModelState.announced`,
+    `child_loading`, `restart`, `spawn_pending`...); llama.cpp's `Status` of a model is
+    computed for readers only (`views.status_of`), and no part of the core keeps one."""
     root = Path(troupe.sched.__file__).parent
     found = []
     for path in sorted(root.rglob("*.py")):
-        if path.name in readers:
+        if path.name in _STATUS_READERS and path.parent == root:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr == "status":
-                found.append(f"{path.relative_to(root)}:{node.lineno}")
+        for line, what in _status_decisions(ast.parse(path.read_text())):
+            found.append(f"{path.relative_to(root)}:{line}: {what}")
     assert found == []
+
+
+def test_the_status_scan_finds_each_way_of_deciding_on_a_status() -> None:
+    """The scan above cannot pass for want of looking: each shape it forbids is found."""
+    source = """
+class ModelState:
+    reported: Status
+    def shown(self, m, s: Status):
+        if m.status.is_running or self.reported is Status.LOADING:
+            match s:
+                case Status.LOADED:
+                    pass
+class ModelView:
+    status: Status
+    def api(self):
+        return self.status is Status.LOADED
+"""
+    found = _status_decisions(ast.parse(source))
+    assert sorted(found) == [
+        (3, "holds a Status"),
+        (4, "holds a Status"),
+        (5, "compares a Status"),
+        (5, "reads .status"),
+        (7, "matches a Status"),
+    ]

@@ -61,7 +61,8 @@ def call_off_drains(p: Parts) -> None:
                 continue
         m.drain_for = None
         m.drain_reason = StopReason.DRAIN
-        m.move(Phase.reporting(m.reported))
+        assert m.reported is not None  # it served: its child said so
+        m.move(m.reported)
 
 
 def start_drain(p: Parts, now: float) -> None:

@@ -15,7 +15,7 @@ from troupe.sched.verdicts import LOADING
 
 __all__ = ["Explain"]
 
-_STARTING = frozenset({Phase.DELAYED, Phase.STARTING, Phase.LOADING})
+_STARTING = frozenset({Phase.STARTING, Phase.LOADING})  # a delayed spawn too
 
 
 class Explain(Rule):

@@ -3,7 +3,7 @@ for it are gone (`ChildReports.exited` chose them) and it has a CPU lane."""
 
 from __future__ import annotations
 
-from troupe.sched.phase import Phase
+from troupe.sched.phase import Restart
 from troupe.sched.rules.parts import Rule
 
 __all__ = ["OomRetry"]
@@ -14,10 +14,10 @@ class OomRetry(Rule):
         p = self.p
         if p.requests.closed or p.changes.reloading:
             return False
-        return p.table.in_phase(Phase.RETRYING) and not p.table.any_stopping()
+        return p.table.pending(Restart.OOM) and not p.table.any_stopping()
 
     def run(self, now: float) -> None:
         p = self.p
         for m in list(p.table):
-            if m.phase is Phase.RETRYING and p.placement.admits(m, now):
+            if m.restart is Restart.OOM and p.placement.admits(m, now):
                 p.children.spawn(m, now, delay=0.0, cpu=p.placement.take(m.name))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from troupe.sched.effects import Reloaded
 from troupe.sched.events import CatalogueReloaded
-from troupe.sched.phase import Phase
+from troupe.sched.phase import Phase, Restart
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.rules.parts import Rule
 
@@ -54,8 +54,8 @@ class FinishReload(Rule):
                 m.exit_code = 0  # a reload clears "failed"
                 m.crashes.clear()
                 m.held_until = None
-                if m.phase is not Phase.RETRYING:
-                    m.move(Phase.UNLOADED)
+                if m.restart is not Restart.OOM:
+                    m.move(Phase.UNLOADED)  # a start on a narrower lane is called off
         if p.memory is not None:
             for config in fresh.values():
                 p.apply_estimate(config)

@@ -5,7 +5,7 @@ waited for it pick its victim."""
 
 from __future__ import annotations
 
-from troupe.sched.phase import Phase
+from troupe.sched.phase import Phase, Restart
 from troupe.sched.rules.parts import Rule
 
 __all__ = ["Replans"]
@@ -13,15 +13,15 @@ __all__ = ["Replans"]
 
 class Replans(Rule):
     def due(self) -> bool:
-        return self.p.table.in_phase(Phase.REPLANNING)
+        return self.p.table.pending(Restart.REPLAN)
 
     def run(self, now: float) -> None:
         p = self.p
         for m in list(p.table):
-            if m.phase is not Phase.REPLANNING:
+            if m.restart is not Restart.REPLAN:
                 continue
             if p.requests.closed or not p.has_capacity():
-                m.move(Phase.UNLOADED)
+                m.move(Phase.UNLOADED)  # its second start is called off
                 p.called_off = True
             elif not p.changes.reloading and p.placement.admits(m, now):
                 p.children.spawn(m, now, delay=0.0, cpu=p.placement.take(m.name))

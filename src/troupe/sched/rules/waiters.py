@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from troupe.sched.effects import Failure
 from troupe.sched.limits import FAKE_TIMING_DELAY
-from troupe.sched.phase import Phase
+from troupe.sched.phase import Phase, Restart
 from troupe.sched.requests import Waiter
 from troupe.sched.rules.drain import call_off_drains
 from troupe.sched.rules.parts import Parts, Rule
@@ -105,7 +105,7 @@ def judge(p: Parts, w: Waiter, now: float) -> WaiterVerdict:
         w.slot_wait = False
         if not w.autoload:
             return Refuse(Failure.bad_request("model is not loaded"))
-        if not w.queued and (not m.is_running or phase is Phase.DELAYED):
+        if not w.queued and (not m.is_running or m.delayed):
             p.queue.join(name)
             w.queued = True
     if m.stopping or phase is Phase.DRAINING:
@@ -119,16 +119,17 @@ def judge(p: Parts, w: Waiter, now: float) -> WaiterVerdict:
         return Wait(f"being swapped out for {m.drain_for}: waits for the next instance")
     if phase.serves:
         return Serve()
+    if m.delayed:
+        return Wait(LOADING)  # claimed: waiting out fake timing
     if phase is Phase.LOADING or phase is Phase.STARTING:
         w.saw_loading = True
         return Wait(LOADING)
-    if phase is Phase.DELAYED:
-        return Wait(LOADING)  # claimed: waiting out fake timing
-    if (phase is Phase.RETRYING or phase is Phase.REPLANNING) and p.changes.reloading:
+    restart = m.restart
+    if restart is not None and p.changes.reloading:
         return Wait(RELOADING)  # started again once the reload is done
-    if phase is Phase.RETRYING:
+    if restart is Restart.OOM:
         return Wait("waiting to load again once the models evicted for it are gone")
-    if phase is Phase.REPLANNING:
+    if restart is Restart.REPLAN:
         return Wait("waiting for its instance to start again on a narrower CPU lane")
     if w.did_load or w.saw_loading:
         if m.failed:
