@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -176,9 +176,11 @@ class SlotOwner:
             replicate = kv.replicas is not None and kv.restore_off(self.model) is None
             if replicate and (held.tokens or 0) >= kv.min_tokens:
                 # In a cluster the conversation may be served on another node next (its
-                # node dies, or is full): its slot is saved now, and so pushed there.
-                with trio.CancelScope(shield=True), trio.move_on_after(RESTORE_SECONDS):
-                    await self.save_one(claim.slot, tenant)
+                # node dies, or is full): its slot is saved after the turn, in the
+                # background (this slot is not held meanwhile: the conversation's next
+                # turn takes it at once), and the file pushed there.
+                assert kv.replicas is not None
+                kv.replicas.after_turn(self, claim.slot, tenant, slots.stamp(claim.slot))
             if restored and self.ident and request.get("cache_prompt", True) is not False:
                 self.kv.check_restore(self.model, self.ident, restored, held.cached)
         finally:
@@ -250,9 +252,36 @@ class SlotOwner:
                 continue  # whose tokens it holds is unknown: no tenant may have them back
             await self.save_one(int(slot["id"]), owner or "", final=True)
 
-    async def save_one(self, slot: int, tenant: str = "", *, final: bool = False) -> None:
-        """``slot``'s cells into the store, as ``tenant``'s. Nothing half-saved stays:
-        a failure or a cancellation leaves no file and no entry."""
+    async def save_after_turn(
+        self, slot: int, tenant: str, stamp: tuple[int, str | None] | None
+    ) -> None:
+        """A turn's slot saved once the turn is over (`Replicas.after_turn`), the slot not
+        held: the engine saves it at once, or after a request that started on it
+        meanwhile (the conversation's next turn: its cells then, read from the file).
+        With several tenants it is kept only if no request was placed on the slot since
+        (``stamp``): the engine's save may have come after another tenant's request."""
+        if self.stopping or self.gone or self.map is None or stamp is None:
+            return
+        slots = self.map
+
+        def unchanged() -> bool:
+            return not self.kv.private or slots.stamp(slot) == stamp
+
+        if unchanged():
+            with trio.move_on_after(self.kv.save_seconds):
+                await self.save_one(slot, tenant, unchanged=unchanged)
+
+    async def save_one(
+        self,
+        slot: int,
+        tenant: str = "",
+        *,
+        final: bool = False,
+        unchanged: Callable[[], bool] | None = None,
+    ) -> None:
+        """``slot``'s cells into the store, as ``tenant``'s (``unchanged``: asked once the
+        file is written, whether to keep it). Nothing half-saved stays: a failure or a
+        cancellation leaves no file and no entry."""
         mlog = about(log, self.model)
         kv, ident, store = self.kv, self.ident, self.kv.store
         if ident is None or store is None:  # (only a child with the store's files has one)
@@ -269,8 +298,8 @@ class SlotOwner:
             if described is None:
                 raise EngineCallFailed("the saved file is not a slot file")
             tokens, digest, size = described
-            if len(tokens) < kv.min_tokens:  # cheap to compute again: not kept
-                path.unlink(missing_ok=True)
+            if len(tokens) < kv.min_tokens or (unchanged is not None and not unchanged()):
+                path.unlink(missing_ok=True)  # cheap to compute again, or maybe not theirs
                 return
             entry = KvEntry(ident, name, self.model, tokens, digest, size, 0.0, tenant)
             store.touch(entry)

@@ -1,8 +1,10 @@
 """A conversation's KV follows it across a cluster's nodes (``--cluster-kv-replicas``).
 
-On a node of a cluster with a secret, every slot file the store saves is also pushed,
-in the background and best effort, to the next nodes of its model's placement order
-(those failover and spill go to first); a node asked to continue a conversation whose
+On a node of a cluster with a secret, a conversation's slot is saved after each turn
+that leaves 256 tokens or more in it (in the background, the slot not held: a node
+killed at any time has its last turns' files elsewhere), and every slot file the store
+saves is also pushed, in the background and best effort, to the next nodes of its
+model's placement order (those failover and spill go to first); a node asked to continue a conversation whose
 slot it does not hold asks its peers for the file before it prefills (`Replicas.fetch`,
 bounded by ``--cluster-timeout``: a peer down or hung costs at most that, then the
 usual prefill). Whether to fetch is the owner's decision (`SlotOwner._prepare`); the
@@ -20,6 +22,8 @@ import contextlib
 import logging
 import os
 import re
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -37,6 +41,7 @@ from troupe.kvstore.store import (
 from troupe.modellog import about
 
 if TYPE_CHECKING:
+    from troupe.kvstore.owner import SlotOwner
     from troupe.kvstore.service import KvService
 
 __all__ = ["IDENT", "KvPeers", "Refused", "Replicas"]
@@ -46,6 +51,7 @@ log = logging.getLogger("troupe.kvstore")
 IDENT = re.compile(r"[0-9a-f]{20}\Z")  # a KV identity (`kv_identity`): a directory's name
 QUEUE = 16  # saves waiting for their push; more are not pushed (best effort)
 MAX_NAME = 512  # a model's or tenant's name on a node-to-node route
+Job = Callable[[], Awaitable[None]]
 
 
 class Refused(ValueError):
@@ -81,30 +87,43 @@ class Replicas:
         self.replicas = replicas
         self.limit = limit
         self.timeout = timeout
-        self._send, self._queue = trio.open_memory_channel[KvEntry](QUEUE)
+        # Saves after a turn and pushes, carried out one at a time (`run`).
+        self._send, self._queue = trio.open_memory_channel[Job](QUEUE)
 
-    # ----- pushing what this node saved --------------------------------------------------------
+    # ----- saving after a turn, pushing what this node saved -----------------------------------
+
+    def after_turn(
+        self, owner: SlotOwner, slot: int, tenant: str, stamp: tuple[int, str | None] | None
+    ) -> None:
+        """A turn on ``owner``'s ``slot`` ended: the slot saved once the queue reaches it
+        (`SlotOwner.save_after_turn`), which pushes the file (`saved`)."""
+        self._enqueue(partial(owner.save_after_turn, slot, tenant, stamp), owner.model)
 
     def saved(self, entry: KvEntry) -> None:
         """A save of this node's: pushed once the queue reaches it (dropped when it is full)."""
-        if self.replicas <= 0 or entry.size > self.limit:
-            return
+        if self.replicas > 0 and entry.size <= self.limit:
+            self._enqueue(partial(self._push, entry), entry.model)
+
+    def _enqueue(self, job: Job, model: str) -> None:
         with contextlib.suppress(trio.WouldBlock):
-            self._send.send_nowait(entry)
+            self._send.send_nowait(job)
             return
-        about(log, entry.model).info("KV: a push skipped (%d waiting)", QUEUE)
+        about(log, model).info("KV: a save or push skipped (%d waiting)", QUEUE)
 
     async def run(self) -> None:
-        """Pushes the saves, one at a time (beside the HTTP server)."""
-        async for entry in self._queue:
-            store = self.kv.store
-            if store is None or entry not in store.entries(entry.ident):
-                continue  # displaced meanwhile (a newer save of the same conversation)
-            try:
-                data = await trio.to_thread.run_sync(store.file(entry).read_bytes)
-            except OSError:
-                continue
-            await self.peers.push(entry.model, entry.ident, entry.tenant, entry.sha256, data)
+        """The saves after a turn and the pushes, one at a time (beside the HTTP server)."""
+        async for job in self._queue:
+            await job()
+
+    async def _push(self, entry: KvEntry) -> None:
+        store = self.kv.store
+        if store is None or entry not in store.entries(entry.ident):
+            return  # displaced meanwhile (a newer save of the same conversation)
+        try:
+            data = await trio.to_thread.run_sync(store.file(entry).read_bytes)
+        except OSError:
+            return
+        await self.peers.push(entry.model, entry.ident, entry.tenant, entry.sha256, data)
 
     # ----- asking the peers --------------------------------------------------------------------
 

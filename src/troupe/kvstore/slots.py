@@ -76,6 +76,7 @@ class _Slot:
     # prompt size, parameters) is about ("": none ran; None: unknown). While a claim runs
     # it still says the one before, until the claimant's request starts on it.
     shown: str | None = ""
+    claims: int = 0  # requests placed on it so far (`SlotMap.stamp`)
 
 
 @attrs.frozen
@@ -178,6 +179,7 @@ class SlotMap:
             owner=s.tenant,
         )
         s.busy = True
+        s.claims += 1
         s.conv, s.text, s.tokens = conv, text, None  # its size: unknown until it answers
         s.tenant = tenant
         s.last_used = trio.current_time()
@@ -244,6 +246,7 @@ class SlotMap:
             yield
             return
         s.outside += 1
+        s.claims += 1
         s.conv, s.text, s.tokens = "", None, None
         s.tenant = s.shown = None if self.private else ""
         try:
@@ -287,6 +290,13 @@ class SlotMap:
         if s is None or not tenant or s.outside:
             return False
         return s.shown == tenant and (not s.busy or s.tenant == tenant)
+
+    def stamp(self, slot: int) -> tuple[int, str | None] | None:
+        """How many requests ``slot`` was placed on so far and whose tokens it holds: the
+        same stamp later means no request was placed on it meanwhile (a request the
+        engine placed itself makes its owner unknown)."""
+        s = self._slots.get(slot)
+        return None if s is None else (s.claims, s.tenant)
 
     def owner(self, slot: int) -> str | None:
         """Whose tokens ``slot`` holds ("" without ``private``; None: unknown)."""

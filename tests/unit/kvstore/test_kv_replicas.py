@@ -130,3 +130,21 @@ async def test_a_save_is_pushed_once_its_turn_comes(tmp_path: Path) -> None:
             await peers.pushed_one.wait()
         nursery.cancel_scope.cancel()
     assert peers.pushed == [("m", IDENT, "t", sha, len(data))]
+
+
+async def test_a_slots_stamp_changes_with_every_request_placed_on_it() -> None:
+    from troupe.kvstore.slots import SlotMap  # noqa: PLC0415
+
+    slots = SlotMap([0], set(), private=True)
+    claim = slots.choose("conv", "hello", "alice")
+    assert claim is not None
+    stamp = slots.stamp(0)
+    slots.release(claim, answered=True, tokens=300)
+    assert slots.stamp(0) == stamp  # given back: nothing placed on it since
+    again = slots.choose("other", "bye", "bob")
+    assert again is not None
+    assert slots.stamp(0) != stamp
+    slots.release(again, answered=True, tokens=300)
+    with slots.loose():  # a request the engine places itself: whose tokens, unknown
+        pass
+    assert slots.stamp(0) == (2, None)
