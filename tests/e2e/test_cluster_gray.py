@@ -15,10 +15,11 @@ import signal
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import trio
 
-from troupe_rig.cluster_sdk import chat, cluster, write_catalogues
+from troupe_rig.cluster_sdk import chat, cluster, stream_until_cut, write_catalogues
 
 BOUND = 30.0  # seconds: far past the timeouts (1 s checks of the node, 2 s of HAProxy)
 
@@ -76,3 +77,26 @@ async def test_a_stopped_home_hangs_no_request_and_serves_again_once_continued(
             while successor.name in await stack.loaded_on("tiny-b"):  # noqa: ASYNC110
                 await trio.sleep(0.2)  # no event says so from outside the node
         assert home.name in await stack.loaded_on("tiny-b")
+
+        # A stream another node relays from the home, which hangs half-way: once its
+        # health check goes unanswered the relay ends with an error event, which the
+        # SDK raises as the server's error (before: the stream was cut, a broken read).
+        first = trio.Event()
+        ended: list[BaseException | None] = []
+
+        async def relayed() -> None:
+            ended.append(
+                await trio.to_thread.run_sync(stream_until_cut, forwarder.url, "tiny-b", first)
+            )
+
+        try:
+            with trio.fail_after(BOUND):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(relayed)
+                    await first.wait()
+                    os.kill(pid, signal.SIGSTOP)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert isinstance(ended[0], openai.APIError), repr(ended[0])
+        assert not isinstance(ended[0], openai.APIConnectionError), repr(ended[0])
+        assert f"node {home.name} stopped answering" in str(ended[0])

@@ -29,6 +29,8 @@ __all__ = ["ask_every_peer", "cluster_models", "forward_elsewhere", "stream_else
 
 log = logging.getLogger("troupe.cluster")
 
+CUT_GRACE = 5.0  # seconds a relay cut from its hung node has to write its last event
+
 
 def _wire(ex: Exchange, peer: Peer, cluster: Cluster) -> bytes:
     headers = request_headers(ex.headers, peer.port)
@@ -130,9 +132,14 @@ async def _relay_answer(
     """(whether the relay was cut because the node hung, whether the client left);
     ``report`` filled with what was relayed (`Relay.answer`)."""
 
+    hung = ""  # why the answer broke off, once its node stopped answering
+
+    async def why() -> str | None:
+        return hung or None
+
     async def relay() -> None:
         try:
-            await ctx.relay.answer(ex, upstream, len(ex.body), report)
+            await ctx.relay.answer(ex, upstream, len(ex.body), report, why)
         except ChildLost:
             ex.keep_alive = False  # the answer is cut short: it must look cut
 
@@ -149,16 +156,22 @@ async def _relay_answer(
     async def watched() -> None:
         nonlocal cut
         # The node may hang half-way through its answer: cut the relay when it stops
-        # answering its health check (the client sees the answer end short).
+        # answering its health check (a stream ends with an error event, a whole answer
+        # short).
         async with trio.open_nursery() as nursery:
 
             async def until_hung() -> None:
-                nonlocal cut
+                nonlocal cut, hung
                 await cluster.watch_relay(hung_peer)
                 log.warning("node %s hung half-way through an answer: cut", hung_peer.url)
                 cut = True
+                within = cluster.health_within
+                hung = f"node {served_by} stopped answering (no health check within {within:g} s)"
                 ex.keep_alive = False
-                upstream.close()
+                # The relay's read ends as on a broken connection: a stream gets its final
+                # error event (at a chunk boundary), a whole answer ends short.
+                upstream.abort()
+                await trio.sleep(CUT_GRACE)  # (a relay held up by its client: cancelled)
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(until_hung)

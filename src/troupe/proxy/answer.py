@@ -237,6 +237,8 @@ class UpstreamResponse:
         # No length and not chunked: the body runs until the child closes (RFC 9112 6.3).
         self._until_close = not conn.done and not conn.chunked and not conn.has_length
         self._body_bytes = 0  # (kept at close: the connection may carry another answer)
+        self._aborted = False  # `abort`: the answer was cut, where its framing then stood
+        self._cut_mid_chunk = False
 
     def header(self, name: bytes) -> str | None:
         for key, value in self.headers:
@@ -253,12 +255,16 @@ class UpstreamResponse:
     @property
     def complete(self) -> bool:
         """The whole answer has been read."""
-        return self._conn is None or self._conn.done
+        if self._conn is None:
+            return not self._aborted
+        return self._conn.done
 
     @property
     def mid_chunk(self) -> bool:
         """The bytes read so far end inside a chunk (a relay must not cut there)."""
-        return self._conn is not None and self._conn.chunk_open
+        if self._conn is None:
+            return self._cut_mid_chunk
+        return self._conn.chunk_open
 
     def take_first(self) -> bytes:
         """The body bytes that arrived with the head (maybe none), as `receive_raw`
@@ -274,6 +280,8 @@ class UpstreamResponse:
         bounds the whole relay (one cancel scope, cheaper than one per read)."""
         conn = self._conn
         if conn is None:
+            if self._aborted:
+                raise UpstreamError("the answer was cut: its node stopped answering")
             return b""
         if self._first:
             data, self._first = self._first, b""
@@ -320,6 +328,8 @@ class UpstreamResponse:
     async def _next_decoded(self) -> bytes | None:
         conn = self._conn
         if conn is None:
+            if self._aborted:
+                raise UpstreamError("the answer was cut: its node stopped answering")
             return None
         if self._first:
             data, self._first = self._first, b""
@@ -335,6 +345,19 @@ class UpstreamResponse:
         out = b"".join(conn.decoded)
         conn.decoded.clear()
         return out
+
+    def abort(self) -> None:
+        """Ends a read of this answer under way, from another task: the connection is
+        closed under it, so the reader gets the `UpstreamError` of a broken connection
+        (a relay then ends as for a child lost: an SSE client gets an error event at a
+        chunk boundary). For a node that stopped answering in the middle of its answer."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        self._body_bytes = conn.body_bytes
+        self._aborted, self._cut_mid_chunk = True, conn.chunk_open
+        conn.keep_alive = False
+        self._pool(conn, False)  # closed: a read waiting on it wakes with the break
 
     async def aclose(self) -> None:
         """`close`, as a checkpoint."""

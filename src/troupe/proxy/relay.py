@@ -185,6 +185,9 @@ def response_fields(upstream: UpstreamResponse) -> bytes:
     return b"".join(out)
 
 
+HELD_MAX = 1 << 20  # bytes of one SSE event held back until its end (beyond: sent on)
+
+
 def _error_event(message: str, code: int = 500, type_: str = "server_error") -> bytes:
     error = {"error": {"code": code, "message": message, "type": type_}}
     return b"data: " + dumps(error) + b"\n\n"
@@ -321,14 +324,20 @@ class Relay:
         upstream: UpstreamResponse,
         sent: int,
         report: RelayReport | None = None,
+        lost: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
         """Stream an answer already under way (``upstream``, from a pool of the caller's:
         a peer node's) to ``client``, as `relay` does; ``sent``: request body bytes;
-        ``report``: filled as `relay` fills it (a forwarding node's access record)."""
+        ``report``: filled as `relay` fills it (a forwarding node's access record);
+        ``lost``: why the answer broke off, for a stream's final error event."""
         relayed = 0
+        sse = (upstream.content_type or b"").startswith(b"text/event-stream")
         try:
             try:
-                relayed = await self._stream(client, upstream, None, report)
+                if sse and upstream.chunked and client.framing:
+                    relayed = await self._stream_events(client, upstream, lost, report)
+                else:
+                    relayed = await self._stream(client, upstream, lost, report)
                 if report is not None:
                     report.whole = True
             except ChildLost as exc:
@@ -423,6 +432,55 @@ class Relay:
                 await client.send(client.chunk(event) + client.last_chunk)
             except (UpstreamError, Exception):  # the client may be gone too
                 return
+
+    async def _stream_events(
+        self,
+        client: Client,
+        upstream: UpstreamResponse,
+        lost: Callable[[], Awaitable[str | None]] | None,
+        report: RelayReport | None,
+    ) -> int:
+        """An SSE answer from another node, framed anew in whole events: the node's own
+        chunks need not end where an event does (its reads of its child's stream are
+        passed on as they came), so an answer that breaks off (the node died or hung)
+        could not be ended with an error event after a partial one. Here what went out
+        always ends with a whole event, and a break ends the stream with an error
+        event, as llama-server ends a failed stream."""
+        head = client.head(upstream.status_code, response_fields(upstream), length=None)
+        if report is not None:
+            report.sse = True
+        await client.send(head)
+        if report is not None:
+            report.first_byte = trio.current_time()
+        relayed = 0
+        held = b""  # the start of an event whose end has not come yet
+        try:
+            async for piece in upstream.chunks():
+                data = held + piece if held else piece
+                end = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4)
+                if end < 2 and len(data) < HELD_MAX:
+                    held = data
+                    continue
+                end = end if end >= 2 else len(data)  # (no event ends this long: sent on)
+                out, held = (data, b"") if end == len(data) else (data[:end], data[end:])
+                await client.send(client.chunk(out))
+                relayed += len(out)
+                if report is not None:
+                    _note(report, out)
+            if held:  # (a stream that does not end with a blank line: sent as it is)
+                await client.send(client.chunk(held))
+                relayed += len(held)
+                if report is not None:
+                    _note(report, held)
+            await client.send(client.last_chunk)
+        except UpstreamError as exc:
+            log.warning("connection lost during %s: %s", client.path, exc)
+            detail = await lost() if lost is not None else None
+            message = "the model's server closed the connection" + (f": {detail}" if detail else "")
+            if report is not None:
+                report.error = message
+            await client.send(client.chunk(_error_event(message)) + client.last_chunk)
+        return relayed
 
     async def _stream_decoded(
         self,

@@ -8,8 +8,8 @@ from functools import partial
 import pytest
 import trio
 
-from troupe.proxy.relay import ChildLost, Relay
-from troupe.proxy.upstream import ChildRef
+from troupe.proxy.relay import ChildLost, Relay, RelayReport
+from troupe.proxy.upstream import ChildRef, UpstreamPool
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 
@@ -166,3 +166,56 @@ async def test_a_child_that_cannot_be_reached_is_a_plain_proxy_error() -> None:
     assert client.writes == [
         b"500 proxy error: Could not establish connection (Connection refused)"
     ]
+
+
+async def test_a_peer_nodes_stream_cut_mid_chunk_ends_after_its_last_whole_event() -> None:
+    # Another node's SSE answer: its chunks are its reads of its child's stream, so they
+    # need not end where an event does. It breaks off inside a chunk, inside an event:
+    # the client gets the whole events, then an error event saying why, framed cleanly
+    # (passed through as it came, the error event would land inside a chunk).
+    def chunk(data: bytes, declared: int | None = None) -> bytes:
+        return b"%x\r\n%b" % (declared or len(data), data) + (b"" if declared else b"\r\n")
+
+    async def peer(stream: trio.SocketStream) -> None:
+        await read_request(stream)
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        await stream.send_all(chunk(b"data: 1\n\ndata"))  # an event and a half
+        await trio.sleep(0.01)
+        await stream.send_all(chunk(b": 2\n\ndata: 3", declared=64))  # then half a chunk
+
+    async with trio.open_nursery() as nursery:
+        port = await serve(nursery, peer)
+        pool = UpstreamPool("127.0.0.1", 5.0, 5.0)
+        upstream = await pool.send(ChildRef("peer", 0, port), b"GET / HTTP/1.1\r\n\r\n")
+
+        async def why() -> str:
+            return "node n2 stopped answering"
+
+        relay, client = Relay(5.0), Recorder()
+        report = RelayReport()
+        with trio.fail_after(5):
+            await relay.answer(client, upstream, 0, report, why)
+        out = b"".join(client.writes)
+        body, pieces = out[out.index(b"\r\n\r\n") + 4 :], []
+        while True:  # the client's chunks, checked as a client's parser reads them
+            size, _, rest = body.partition(b"\r\n")
+            if int(size, 16) == 0:
+                assert rest == b"\r\n"
+                break
+            pieces.append(rest[: int(size, 16)])
+            assert rest[int(size, 16) : int(size, 16) + 2] == b"\r\n"
+            body = rest[int(size, 16) + 2 :]
+        assert all(p.endswith(b"\n\n") for p in pieces), pieces
+        error = (
+            b'data: {"error":{"code":500,"message":"the model\'s server closed the connection: '
+            b'node n2 stopped answering","type":"server_error"}}\n\n'
+        )
+        assert b"".join(pieces) == b"data: 1\n\ndata: 2\n\n" + error
+        assert "n2 stopped answering" in (report.error or "")
+        assert report.bytes_out == len(b"data: 1\n\ndata: 2\n\n")
+        await pool.aclose()
+        await relay.aclose()
+        nursery.cancel_scope.cancel()
