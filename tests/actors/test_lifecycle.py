@@ -111,12 +111,23 @@ async def test_oom_during_load_is_reported(fake_router: RouterFactory) -> None:
 async def test_crash_loop_holds_the_model_back_until_an_explicit_load(
     fake_router: RouterFactory,
 ) -> None:
-    async with fake_router({"a": {"fake-load-crash": "1"}}) as router:
-        for _ in range(3):
+    async with fake_router({"a": {"fake-load-crash": "1"}}) as router, router.client() as http:
+
+        async def shown() -> tuple[str, str, bool]:
+            """GET /models' words for ``a``: the lifecycle's and llama.cpp's status."""
+            a = next(m for m in (await http.get("/models")).json()["data"] if m["id"] == "a")
+            return a["troupe"]["phase"], a["status"]["value"], a["status"].get("failed", False)
+
+        for crash in range(3):
             with pytest.raises(ModelUnavailable) as caught:
                 async with router.ctx.scheduler.lease("a"):
                     pass
             assert "failed to load" in caught.value.failure.message
+            if crash == 0:
+                # A failure is data beside the phase (its exit code); /models still says
+                # "failed", as when it was a phase of its own.
+                await router.ctx.scheduler.wait_until(lambda s: s.models["a"].failed)
+                assert await shown() == ("failed", "unloaded", True)
         # Held back: the fourth request fails fast without spawning anything.
         with pytest.raises(ModelUnavailable) as caught:
             async with router.ctx.scheduler.lease("a"):
@@ -124,6 +135,7 @@ async def test_crash_loop_holds_the_model_back_until_an_explicit_load(
         assert caught.value.failure.status == 503
         assert "held back" in caught.value.failure.message
         assert router.snapshot.models["a"].held_until is not None
+        assert await shown() == ("held", "unloaded", True)
         # An explicit load lifts the hold.
         await router.ctx.scheduler.load("a")
         assert router.snapshot.models["a"].held_until is None
