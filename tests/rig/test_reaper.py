@@ -63,7 +63,7 @@ async def main() -> None:
             assert (await http.post("/models/load", json={"model": model})).status_code == 200
             await router.ctx.scheduler.load(model)
         await router.wait_for_status("a", Status.LOADED)
-        await router.wait_for_status("b", Status.LOADING)
+        await router.ctx.scheduler.wait_until(lambda s: s.models["b"].pid != 0)
         with trio.fail_after(60):
             while True:
                 listed = {m["id"]: m for m in (await http.get("/models")).json()["data"]}
