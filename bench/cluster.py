@@ -36,6 +36,7 @@ import httpx
 import trio
 
 from _util import percentile
+from cluster_kv import failover_case
 from troupe_rig import TinyModel, write_tiny_models
 from troupe_rig.cluster import ClusterStack, Node, open_cluster
 from troupe_rig.process import start_troupe
@@ -326,6 +327,7 @@ async def fleet(work: Path, streams: int, tokens: int) -> list[str]:
     out = death_spread()
     out += await stopped_home(work / "fleet-models", work / "fleet")
     out += await streams_over_slots(work / "fleet-models", work / "fleet", streams, tokens)
+    out += await failover_case(work)  # a conversation moved by failover (cluster_kv.py)
     return out
 
 
