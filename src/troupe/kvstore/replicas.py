@@ -4,10 +4,10 @@ On a node of a cluster with a secret, a conversation's slot is saved after each 
 that leaves 256 tokens or more in it (in the background, the slot not held: a node
 killed at any time has its last turns' files elsewhere), and every slot file the store
 saves is also pushed, in the background and best effort, to the next nodes of its
-model's placement order (those failover and spill go to first); a node asked to continue a conversation whose
-slot it does not hold asks its peers for the file before it prefills (`Replicas.fetch`,
-bounded by ``--cluster-timeout``: a peer down or hung costs at most that, then the
-usual prefill). Whether to fetch is the owner's decision (`SlotOwner._prepare`); the
+model's placement order (those failover and spill go to first); a node asked to
+continue a conversation whose slot it does not hold asks its peers for the file before
+it prefills (`Replicas.fetch`, bounded by ``--cluster-timeout``: a peer down or hung
+costs at most that, then the usual prefill). Whether to fetch is the owner's decision (`SlotOwner._prepare`); the
 transport is the cluster's (`troupe.cluster.kvsync`), signed with the cluster secret.
 
 A file that arrives (pushed, or fetched) is checked as a file the engine saved here:
