@@ -18,7 +18,13 @@ forwards it once).
 All three nodes run on this one machine, so they share its cores (on a 2-core machine
 the three-node figures are a lower bound of what three machines give).
 
+Then the fleet cases of issue 35 (``--only fleet``; ``--cases`` picks some of
+spread, stopped, streams, swaps, checks, tls), each printed beside today's behaviour:
+measured again where a switch or a rewritten HAProxy configuration gives it back, else
+the issue's own observation, labelled so.
+
     .venv/bin/python bench/cluster.py [--requests N] [--clients N] [--probes N]
+    .venv/bin/python bench/cluster.py --only fleet --cases swaps,checks,tls
 """
 
 from __future__ import annotations
