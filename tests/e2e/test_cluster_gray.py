@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 import httpx
+import httpx2
 import openai
 import pytest
 import trio
 
-from troupe_rig.cluster_sdk import chat, cluster, stream_until_cut, write_catalogues
+from troupe_rig.cluster_sdk import chat, client, cluster, write_catalogues
 
 BOUND = 30.0  # seconds: far past the timeouts (1 s checks of the node, 2 s of HAProxy)
 
@@ -81,12 +83,14 @@ async def test_a_stopped_home_hangs_no_request_and_serves_again_once_continued(
         # A stream another node relays from the home, which hangs half-way: once its
         # health check goes unanswered the relay ends with an error event, which the
         # SDK raises as the server's error (before: the stream was cut, a broken read).
-        first = trio.Event()
-        ended: list[BaseException | None] = []
+        # The client reads on only once the home is stopped (until then the stream waits
+        # on it: the tiny model would otherwise finish it in seconds).
+        first, go = trio.Event(), threading.Event()
+        ended: list[tuple[str, BaseException | None]] = []
 
         async def relayed() -> None:
             ended.append(
-                await trio.to_thread.run_sync(stream_until_cut, forwarder.url, "tiny-b", first)
+                await trio.to_thread.run_sync(_paused_stream, forwarder.url, "tiny-b", first, go)
             )
 
         try:
@@ -95,8 +99,39 @@ async def test_a_stopped_home_hangs_no_request_and_serves_again_once_continued(
                     nursery.start_soon(relayed)
                     await first.wait()
                     os.kill(pid, signal.SIGSTOP)
+                    go.set()
         finally:
+            go.set()
             os.kill(pid, signal.SIGCONT)
-        assert isinstance(ended[0], openai.APIError), repr(ended[0])
-        assert not isinstance(ended[0], openai.APIConnectionError), repr(ended[0])
-        assert f"node {home.name} stopped answering" in str(ended[0])
+        (served, error), *_ = ended
+        assert served == home.name
+        assert isinstance(error, openai.APIError), repr(error)
+        assert not isinstance(error, openai.APIConnectionError), repr(error)
+        assert f"node {home.name} stopped answering" in str(error)
+
+
+def _paused_stream(
+    url: str, model: str, first: trio.Event, go: threading.Event
+) -> tuple[str, BaseException | None]:
+    """A long stream through the SDK: (the node that served it, what ended it: None when
+    it ended normally); after its first chunk it sets ``first`` and reads on once ``go``
+    is set."""
+    with (
+        client(url) as sdk,
+        sdk.completions.with_streaming_response.create(
+            model=model,
+            prompt="hi",
+            max_tokens=30000,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        ) as resp,
+    ):
+        node = resp.headers.get("x-troupe-node", "")
+        try:
+            for _ in resp.parse():
+                if not first.is_set():
+                    trio.from_thread.run_sync(first.set)
+                    go.wait(BOUND)
+        except (openai.APIError, httpx.HTTPError, httpx2.HTTPError) as exc:
+            return node, exc
+    return node, None
