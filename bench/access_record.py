@@ -33,7 +33,7 @@ def one(log: RequestLog, chunks: int) -> None:
         report.keep(TAIL)
     rec = AccessRecord(
         time=time.time(), client="127.0.0.1:50000", method="POST", path="/completion",
-        route="/completion", model="m", catalogued=True, status=200, queue_wait=0.0001,
+        route="/completion", model="m", catalogd=True, status=200, queue_wait=0.0001,
         load_wait=0.0, ttfb=0.001, ttft=0.002, duration=0.5, bytes_in=80, bytes_out=9000,
     )  # fmt: skip
     read_usage(report.tail, rec)

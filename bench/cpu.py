@@ -11,7 +11,7 @@ user gets, and what made two children on the same cores run tens of times slower
   placement should approach on this machine).
 * **alone**: tokens/s of one long completion (``--long`` tokens, ``ignore_eos``) through
   troupe with placement on, against the engine started directly with its defaults:
-  with the model alone in the catalogue, and with two more models nobody uses.
+  with the model alone in the catalog, and with two more models nobody uses.
 
     .venv/bin/python bench/cpu.py [--rounds N] [--clients N] [--each N] [--big] [--long N]
 """
@@ -182,7 +182,7 @@ def main() -> int:
         with engine_alone(engine, long_model, tmp) as url:
             direct = [tokens_per_second(url, None, args.long) for _ in range(3)]
         for label, present in (
-            ("alone in the catalogue", [long_model]),
+            ("alone in the catalog", [long_model]),
             ("beside 2 unused models", [long_model, *paths[1:]]),
         ):
             mdir = tmp / f"cat-{len(present)}"

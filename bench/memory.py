@@ -51,7 +51,7 @@ MiB = 1 << 20
 
 
 def estimate(table: OptionTable, path: Path, args: list[str]) -> int | None:
-    """troupe's header estimate, through the catalogue exactly as the router builds it."""
+    """troupe's header estimate, through the catalog exactly as the router builds it."""
     settings = build_settings(
         table, parse_engine_args(["--models-dir", str(path.parent), *args], table), {}, {}
     )

@@ -39,7 +39,7 @@ examples:
 _SERVE_INTRO = """\
 usage: troupe serve [router flags] [llama-server flags]
 
-Serves every model of the catalogue (--models-dir, --models-preset, and the
+Serves every model of the catalog (--models-dir, --models-preset, and the
 Hugging Face cache) on one endpoint. Each model runs in its own llama-server
 child, started on first use. With -m/--model, -hf or -mu, troupe is not a
 router: it runs llama-server itself with the same arguments.

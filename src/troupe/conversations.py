@@ -13,7 +13,7 @@ The tickets are not the scheduler's; they live here because nothing in
 the model table depends on them (the scheduler only sees the lease a ticket waits for),
 and this tracker, like the table, has a single writer: the HTTP handlers, on one Trio
 thread, with no await between reading and changing an entry. The composition root
-(`troupe.router`) builds it, the handlers share it: so it sits below both.
+(`troupe.assembly`) builds it, the handlers share it: so it sits below both.
 
 Each entry belongs to the tenant that created it (``owner``: the name of its API key
 when several keys are configured, "" otherwise; `troupe.http.keys.tenant_of`). The

@@ -44,10 +44,10 @@ from typing import Any, NoReturn
 import trio
 
 from troupe.actors.scheduler import ModelUnavailable
+from troupe.assembly import Troupe
 from troupe.catalog import ModelEntry
 from troupe.kvstore import Hold
 from troupe.ops.access import AccessRecord
-from troupe.router import Router
 from troupe.sched import FAKE_TIMING_DELAY, Failure, Grant
 from troupe.sched.terms import DEFAULT_TERMS, TenantTerms
 from troupe.tenants.budget import Refusal, Reservation, rate_headers
@@ -77,7 +77,7 @@ def autoload_flag(params: Mapping[str, str], default: bool) -> bool:
 
 
 def validate_model(
-    ctx: Router, name: str, autoload: bool, tenant: str = ""
+    ctx: Troupe, name: str, autoload: bool, tenant: str = ""
 ) -> ModelEntry | Failure:
     """upstream ``router_validate_model``: missing, unknown, or not loaded without autoload.
     A model ``tenant`` may not use (its tenants file's ``models``) is one that is unknown."""
@@ -115,7 +115,7 @@ def takes_slot(method: str, path: str) -> bool:
 
 
 async def acquire_within(
-    ctx: Router,
+    ctx: Troupe,
     model: str,
     *,
     autoload: bool,
@@ -141,7 +141,7 @@ async def acquire_within(
     )
 
 
-def note_wait(ctx: Router, rec: AccessRecord, waited: float, grant: Grant | None) -> None:
+def note_wait(ctx: Troupe, rec: AccessRecord, waited: float, grant: Grant | None) -> None:
     """Split a wait for the model into its queue part and its load part: a grant that
     waited for a load spent the model's last load time (spawn to ready) loading."""
     if grant is not None and grant.waited:
@@ -191,7 +191,7 @@ class Lease:
 
     def __init__(
         self,
-        ctx: Router,
+        ctx: Troupe,
         model: str,
         *,
         autoload: bool,
@@ -239,7 +239,7 @@ class Lease:
             return checked
         self.model = checked.name
         if self.record is not None:
-            self.record.model, self.record.catalogued = checked.name, True
+            self.record.model, self.record.catalogd = checked.name, True
         return None
 
     async def __aenter__(self) -> Lease:

@@ -21,11 +21,11 @@ from troupe.sched.terms import DEFAULT_TERMS, TenantTerms
 
 __all__ = [
     "Acquire",
+    "BeginShutdown",
     "ChildState",
     "DownloadFailed",
     "DownloadFinished",
     "DownloadProgress",
-    "Drain",
     "Exited",
     "KeepAlive",
     "LoadModel",
@@ -101,7 +101,7 @@ class StopAll:
 
 
 @attrs.frozen
-class Drain:
+class BeginShutdown:
     """Shutdown begins: answer every waiter, start no load, let leases finish."""
 
     rid: int
@@ -128,7 +128,7 @@ class RemoveModel:
 
 @attrs.frozen
 class Rescanned:
-    """A scan the scheduler started is done: the catalogue, or why it could not be read.
+    """A scan the scheduler started is done: the catalog, or why it could not be read.
     ``removed``: the model whose files were deleted first (a removal's reload)."""
 
     rid: int
@@ -220,7 +220,7 @@ class DownloadProgress:
 class DownloadFinished:
     name: str
     job: int
-    listed: str  # the name the catalogue lists it under: org/repo:TAG
+    listed: str  # the name the catalog lists it under: org/repo:TAG
 
 
 @attrs.frozen
@@ -239,7 +239,7 @@ Message = (
     | LoadModel
     | UnloadModel
     | StopAll
-    | Drain
+    | BeginShutdown
     | Reload
     | RemoveModel
     | Rescanned

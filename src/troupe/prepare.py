@@ -1,7 +1,7 @@
 """From a command line to what a router runs with: the engine, its option table, settings.
 
 `prepare_router` is what ``troupe serve`` does before it serves, and what ``troupe
-doctor`` and ``troupe models`` do to see the catalogue ``serve`` would see: find and
+doctor`` and ``troupe models`` do to see the catalog ``serve`` would see: find and
 probe the engine (or choose among several builds), read the option table, the config
 file and the command line. ``-m``/``-hf`` naming a single model means no router: the
 argv to exec the engine with instead.

@@ -4,7 +4,7 @@ Root nursery (one_for_all): the scheduler actor, the HTTP server and the signal
 watcher are siblings, so a bug in either stops the whole service loudly rather
 than leaving it half-alive (ARCHITECTURE.md, principle 5).
 
-Shutdown (the drain): end the /models/sse streams; the scheduler answers every
+Shutdown: end the /models/sse streams; the scheduler answers every
 waiting request and starts no load; stop accepting, and let requests in flight
 finish up to ``--drain-timeout``; then stop every child in parallel, each through its
 ladder. Every step is bounded, so the whole stop is; a second signal exits 1 at once.
@@ -23,6 +23,7 @@ from functools import partial
 import trio
 
 from troupe.actors.scheduler import ModelUnavailable, Scheduler
+from troupe.assembly import Troupe, build_troupe
 from troupe.child.ledger import PidLedger, default_state_dir, reap_orphans
 from troupe.child.process import kill_group
 from troupe.cluster.agent import Agent
@@ -34,7 +35,6 @@ from troupe.http.serve import serve_http
 from troupe.ollama import OLLAMA_ROUTES, OLLAMA_UNDER
 from troupe.ops.ready import ready_line
 from troupe.realtime import serve_realtime
-from troupe.router import Router, build_router
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
 
@@ -76,7 +76,7 @@ async def _main(settings: RouterSettings, engine: Engine, table: OptionTable) ->
         log.warning("reaped orphaned child pid=%d left by a dead troupe", pid)
     ledger = PidLedger(state_dir)
     try:
-        router = build_router(settings, engine, table, ledger)
+        router = build_troupe(settings, engine, table, ledger)
         try:
             with (
                 trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
@@ -101,11 +101,11 @@ async def _main(settings: RouterSettings, engine: Engine, table: OptionTable) ->
     return 0
 
 
-async def _reload_on_hangup(router: Router, hangups: AsyncIterator[int]) -> None:
-    """``SIGHUP``: read the tenants file again and reload the catalogue, as
+async def _reload_on_hangup(router: Troupe, hangups: AsyncIterator[int]) -> None:
+    """``SIGHUP``: read the tenants file again and reload the catalog, as
     ``POST /models/reload`` does; a bad tenants file is logged and the old one kept."""
     async for _ in hangups:
-        log.info("SIGHUP: reloading the tenants file and the model catalogue")
+        log.info("SIGHUP: reloading the tenants file and the model catalog")
         failure, _kept = await reload_all(router)  # (a kept tenants file is logged)
         if failure is not None:
             log.warning("reload: %s", failure.message)
@@ -146,7 +146,7 @@ class SchedulerCopies:
 
 
 async def serve_router(
-    router: Router, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+    router: Troupe, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Scheduler + HTTP server; reports the bound URLs once listening."""
     async with trio.open_nursery() as nursery:
@@ -181,7 +181,7 @@ async def serve_router(
         await load_on_startup(router)
 
 
-async def load_on_startup(router: Router) -> None:
+async def load_on_startup(router: Troupe) -> None:
     """Spawn each ``load-on-startup`` model in turn, once the server listens (as upstream)."""
     for name in router.catalog.startup_models():
         try:
@@ -190,13 +190,13 @@ async def load_on_startup(router: Router) -> None:
             raise TroupeError(f"failed to load models on startup: {name}: {exc}") from None
 
 
-async def shutdown(router: Router) -> None:
+async def shutdown(router: Troupe) -> None:
     scheduler = router.scheduler
     if router.cluster is not None:
         router.cluster.leaving = True  # the balancer's agent checks now say drain
     scheduler.bus.close()  # SSE streams end now, not when the graceful window cuts them
     with trio.move_on_after(SHUTDOWN_GRACE):
-        await scheduler.drain()  # waiters answered, no new load
+        await scheduler.begin_shutdown()  # waiters answered, no new load
     if router.http_server is not None:  # no new connection; idle keep-alive ones closed
         router.http_server.stop_accepting()
         router.http_server.close_idle()
@@ -217,7 +217,7 @@ async def shutdown(router: Router) -> None:
         _kill_children(scheduler)
 
 
-async def _stop_http(router: Router) -> None:
+async def _stop_http(router: Troupe) -> None:
     router.http_stop.set()
     await router.http_done.wait()
     with trio.CancelScope(shield=True):
@@ -226,5 +226,5 @@ async def _stop_http(router: Router) -> None:
             await router.cluster.aclose()
 
 
-def _max_stop_seconds(router: Router) -> float:
+def _max_stop_seconds(router: Troupe) -> float:
     return max((e.stop_timeout + e.term_grace for e in router.catalog), default=15.0)

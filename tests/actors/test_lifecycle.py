@@ -165,14 +165,14 @@ async def test_shutdown_stops_every_child(fake_router: RouterFactory) -> None:
 
 async def test_a_bug_in_one_models_actor_fails_that_model_only(fake_router: RouterFactory) -> None:
     async with fake_router({"good": {}, "cursed": {}}) as router:
-        render = router.ctx.launcher.render_args
+        render = router.ctx.specs.render_args
 
         def broken(entry, port):  # type: ignore[no-untyped-def]
             if entry.name == "cursed":
                 raise RuntimeError("a bug in rendering")
             return render(entry, port)
 
-        router.ctx.launcher.render_args = broken  # type: ignore[method-assign]
+        router.ctx.specs.render_args = broken  # type: ignore[method-assign]
         with pytest.raises(ModelUnavailable) as caught:
             async with router.ctx.scheduler.lease("cursed"):
                 pass

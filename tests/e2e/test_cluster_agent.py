@@ -20,15 +20,15 @@ import pytest
 import trio
 
 from troupe_rig.cluster import ClusterStack, haproxy_command
-from troupe_rig.cluster_sdk import chat, client, cluster, write_catalogues
+from troupe_rig.cluster_sdk import chat, client, cluster, write_catalogs
 
 SLOTS = 4  # llama-server's --parallel auto
 STREAMS = 12
 
 
 @pytest.fixture
-def catalogues(tmp_path: Path) -> list[Path]:
-    return write_catalogues(tmp_path)
+def catalogs(tmp_path: Path) -> list[Path]:
+    return write_catalogs(tmp_path)
 
 
 async def _rows(stack: ClusterStack, backend_model: str) -> dict[str, dict[str, str]]:
@@ -70,9 +70,9 @@ def _stream(url: str, model: str, tokens: int) -> tuple[str, str]:
 
 
 async def test_twelve_streams_over_four_slots_fill_the_home_then_the_warm_copy(
-    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+    tmp_path: Path, catalogs: list[Path], haproxy_path: Path
 ) -> None:
-    async with cluster(tmp_path, catalogues, haproxy_path) as stack:
+    async with cluster(tmp_path, catalogs, haproxy_path) as stack:
         home, second, third = stack.order("tiny-a")
         # Warm at home, and on its third node (asked of that node by name); cold on
         # the second, which HAProxy's "balance first" would try next.

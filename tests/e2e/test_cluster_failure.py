@@ -24,15 +24,15 @@ from chaos.client import ERROR, OK, STREAM_ERROR, TRUNCATED, Client
 from chaos.procs import TAG_VAR, Tracker, wait_gone
 from chaos.routers import TROUPE, Launch, Router
 from troupe_rig.cluster import ClusterStack, Node
-from troupe_rig.cluster_sdk import NAMES, chat, cluster, stream_until_cut, write_catalogues
+from troupe_rig.cluster_sdk import NAMES, chat, cluster, stream_until_cut, write_catalogs
 
 BOUND = 60.0  # seconds any one request may take before it counts as hung
 TRACE = 8  # requests per model after the kill
 
 
 @pytest.fixture
-def catalogues(tmp_path: Path) -> list[Path]:
-    return write_catalogues(tmp_path)
+def catalogs(tmp_path: Path) -> list[Path]:
+    return write_catalogs(tmp_path)
 
 
 class NodeRouter(Router):
@@ -64,9 +64,9 @@ class NodeRouter(Router):
 
 
 async def test_a_node_killed_mid_trace_costs_only_its_requests_and_its_models_come_back(
-    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+    tmp_path: Path, catalogs: list[Path], haproxy_path: Path
 ) -> None:
-    async with cluster(tmp_path, catalogues, haproxy_path, tag_var=TAG_VAR) as stack:
+    async with cluster(tmp_path, catalogs, haproxy_path, tag_var=TAG_VAR) as stack:
         routers = [NodeRouter(n, tmp_path, stack.own_headers()) for n in stack.nodes]
         try:
             await _kill_mid_trace(stack, routers)
@@ -178,7 +178,7 @@ async def _kill_mid_trace(stack: ClusterStack, routers: list[NodeRouter]) -> Non
 
 
 def _model_of(stack: ClusterStack, router: NodeRouter) -> str:
-    """A model the node serves itself: one it is home to, else one of its catalogue."""
+    """A model the node serves itself: one it is home to, else one of its catalog."""
     homes = [m for m in NAMES if stack.order(m)[0] is router.node]
     return homes[0] if homes else stack.models_of(router.node)[0]
 

@@ -24,15 +24,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from troupe.cluster.trust import SECRET_ENV
 from troupe_rig.cluster import ClusterStack
-from troupe_rig.cluster_sdk import chat, cluster, write_catalogues
+from troupe_rig.cluster_sdk import chat, cluster, write_catalogs
 from troupe_rig.engine_process import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 
 
 @pytest.fixture
-def catalogues(tmp_path: Path) -> list[Path]:
-    return write_catalogues(tmp_path)
+def catalogs(tmp_path: Path) -> list[Path]:
+    return write_catalogs(tmp_path)
 
 
 def _troupe(stack: ClusterStack, *args: str) -> str:
@@ -44,9 +44,9 @@ def _troupe(stack: ClusterStack, *args: str) -> str:
 
 
 async def test_the_forwarding_node_records_and_counts_and_the_fleet_is_one_view(
-    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+    tmp_path: Path, catalogs: list[Path], haproxy_path: Path
 ) -> None:
-    async with cluster(tmp_path, catalogues[:2], haproxy_path) as stack:
+    async with cluster(tmp_path, catalogs[:2], haproxy_path) as stack:
         home, other = stack.order("tiny-a")
         # Straight to the other node (no balancer): it forwards to the home.
         served, text = await trio.to_thread.run_sync(chat, other.url, "tiny-a")

@@ -21,21 +21,21 @@ import openai
 import pytest
 import trio
 
-from troupe_rig.cluster_sdk import chat, client, cluster, write_catalogues
+from troupe_rig.cluster_sdk import chat, client, cluster, write_catalogs
 
 BOUND = 30.0  # seconds: far past the timeouts (1 s checks of the node, 2 s of HAProxy)
 
 
 @pytest.fixture
-def catalogues(tmp_path: Path) -> list[Path]:
-    return write_catalogues(tmp_path)
+def catalogs(tmp_path: Path) -> list[Path]:
+    return write_catalogs(tmp_path)
 
 
 async def test_a_stopped_home_hangs_no_request_and_serves_again_once_continued(
-    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+    tmp_path: Path, catalogs: list[Path], haproxy_path: Path
 ) -> None:
     extra = ["--cluster-timeout", "1", "--cluster-copy-ttl", "1"]
-    async with cluster(tmp_path, catalogues, haproxy_path, extra=extra) as stack:
+    async with cluster(tmp_path, catalogs, haproxy_path, extra=extra) as stack:
         home, successor = stack.order("tiny-b")[:2]
         forwarder = next(n for n in stack.nodes if n is not home)
         node, text = await trio.to_thread.run_sync(chat, stack.url, "tiny-b")

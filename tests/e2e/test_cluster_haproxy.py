@@ -29,7 +29,7 @@ from troupe_rig.cluster_sdk import (
     long_chat,
     stream,
     stream_to_end,
-    write_catalogues,
+    write_catalogs,
 )
 from troupe_rig.realtime_client import EventLog, run_asyncio, sdk_client
 
@@ -37,16 +37,16 @@ FILLER = "x" * LONG
 
 
 @pytest.fixture
-def catalogues(tmp_path: Path) -> list[Path]:
-    return write_catalogues(tmp_path)
+def catalogs(tmp_path: Path) -> list[Path]:
+    return write_catalogs(tmp_path)
 
 
 async def test_each_model_on_its_node_long_bodies_streams_realtime_and_the_union(
-    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+    tmp_path: Path, catalogs: list[Path], haproxy_path: Path
 ) -> None:
-    async with cluster(tmp_path, catalogues, haproxy_path) as stack:
+    async with cluster(tmp_path, catalogs, haproxy_path) as stack:
         assert [n.name for n in stack.order("tiny-c")] != []
-        assert "n3" not in [n.name for n in stack.order("tiny-c")]  # not in its catalogue
+        assert "n3" not in [n.name for n in stack.order("tiny-c")]  # not in its catalog
 
         # Realtime first: the WebSocket reaches tiny-c's home by ?model= alone.
         async def realtime(url: str) -> list[str]:
@@ -225,12 +225,12 @@ async def _node_views(stack: ClusterStack, target: Node) -> None:
 
 
 async def test_a_fourth_node_joins_by_one_line_and_a_reload_drops_no_connection(
-    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+    tmp_path: Path, catalogs: list[Path], haproxy_path: Path
 ) -> None:
-    # The fourth is a small box: its catalogue has only tiny-d, which no other node has.
+    # The fourth is a small box: its catalog has only tiny-d, which no other node has.
     small = tmp_path / "small"
     write_tiny_models(small, [TinyModel("tiny-d", seed=3, n_ctx=CTX)])
-    async with cluster(tmp_path, catalogues, haproxy_path) as stack:
+    async with cluster(tmp_path, catalogs, haproxy_path) as stack:
         first = trio.Event()
         reasons: list[str] = []
 
@@ -268,14 +268,14 @@ async def _listed(http: httpx.AsyncClient, url: str) -> list[str]:
 
 
 async def test_a_model_spills_to_its_next_node_only_while_its_home_is_full(
-    tmp_path: Path, catalogues: list[Path], haproxy_path: Path
+    tmp_path: Path, catalogs: list[Path], haproxy_path: Path
 ) -> None:
     # Children with one slot (--parallel 1), which each node's agent tells HAProxy
     # (maxconn 1; the rendered --maxconn-per-model 1 holds until it first answers): a
     # second request for a model while one is in flight on its home goes to the next
     # node; once the home is free again, back to the home.
     extra = ["--parallel", "1"]
-    async with cluster(tmp_path, catalogues[:2], haproxy_path, maxconn=1, extra=extra) as stack:
+    async with cluster(tmp_path, catalogs[:2], haproxy_path, maxconn=1, extra=extra) as stack:
         home, spill = stack.order("tiny-a")
         node, _ = await trio.to_thread.run_sync(chat, stack.url, "tiny-a")
         assert node == home.name

@@ -27,11 +27,11 @@ from openai.types.chat import ChatCompletionMessageParam
 from troupe.cluster.kvsync import KV_FETCH, KV_PATH, KV_SEAL, KV_SHA256, seal_parts
 from troupe.cluster.trust import ClusterTrust
 from troupe_rig.cluster import ClusterStack, Node
-from troupe_rig.cluster_sdk import client, cluster, write_catalogues
+from troupe_rig.cluster_sdk import client, cluster, write_catalogs
 
 pytestmark = pytest.mark.engine
 
-MODEL = "tiny-c"  # in the full catalogue only: one path, one KV identity on every node
+MODEL = "tiny-c"  # in the full catalog only: one path, one KV identity on every node
 WORDS = 4000  # characters of the long message: about one token each (byte pieces)
 
 
@@ -73,7 +73,7 @@ async def _until_entries(stack: ClusterStack, node: Node, at_least: int) -> None
 async def test_the_next_turn_after_the_home_dies_restores_the_pushed_slot(
     tmp_path: Path, haproxy_path: Path
 ) -> None:
-    full = write_catalogues(tmp_path)[0]
+    full = write_catalogs(tmp_path)[0]
     async with cluster(tmp_path, [full, full, full], haproxy_path) as stack:
         home, second, third = stack.order(MODEL)
         # Conversation A: served on its home, its slot pushed to the second node.

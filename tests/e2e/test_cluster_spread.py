@@ -31,7 +31,7 @@ BOUND = 60.0  # seconds: far past a health check's two failures (300 ms each)
 
 
 @pytest.fixture
-def catalogue(tmp_path: Path) -> Path:
+def catalog(tmp_path: Path) -> Path:
     write_tiny_models(
         tmp_path / "models", [TinyModel(m, seed=i, n_ctx=CTX) for i, m in enumerate(MODELS)]
     )
@@ -58,11 +58,11 @@ async def _in_flight(stack: ClusterStack, node: Node, model: str) -> None:
 
 
 async def test_a_dead_nodes_models_go_to_different_survivors_and_errors_are_json(
-    tmp_path: Path, catalogue: Path, haproxy_path: Path
+    tmp_path: Path, catalog: Path, haproxy_path: Path
 ) -> None:
     args = ["--models-max", "2", "--ctx-size", str(CTX)]
     async with open_cluster(
-        tmp_path / "cluster", [catalogue] * 3, args, haproxy=haproxy_path
+        tmp_path / "cluster", [catalog] * 3, args, haproxy=haproxy_path
     ) as stack:
         victim = stack.nodes[0]
         mine = [m for m in MODELS if stack.order(m)[0] is victim]

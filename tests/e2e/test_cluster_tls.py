@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from troupe_rig.cluster import ClusterStack, haproxy_command, open_cluster
-from troupe_rig.cluster_sdk import CTX, LONG, chat, long_chat, write_catalogues
+from troupe_rig.cluster_sdk import CTX, LONG, chat, long_chat, write_catalogs
 
 OPENSSL = shutil.which("openssl")
 
@@ -65,12 +65,12 @@ async def test_haproxy_and_the_nodes_speak_tls_verified_by_the_test_ca(
     tmp_path: Path, haproxy_path: Path
 ) -> None:
     ca, cert, key = _certificates(tmp_path)
-    catalogues = write_catalogues(tmp_path)[:2]
+    catalogs = write_catalogs(tmp_path)[:2]
     args = ["--models-max", "2", "--ctx-size", str(CTX)]
     args += ["--ssl-cert-file", str(cert), "--ssl-key-file", str(key)]
     async with open_cluster(
         tmp_path / "cluster",
-        catalogues,
+        catalogs,
         args,
         haproxy=haproxy_path,
         env={"SSL_CERT_FILE": str(ca)},

@@ -55,7 +55,7 @@ def args(tiny_model_dir: Path, *extra: str) -> list[str]:
     return ["--models-dir", str(tiny_model_dir), "-c", "256", "--models-max", "2", *extra]
 
 
-async def test_a_model_alone_runs_on_every_core_though_others_are_in_the_catalogue(
+async def test_a_model_alone_runs_on_every_core_though_others_are_in_the_catalog(
     engine_path: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     async with open_router(

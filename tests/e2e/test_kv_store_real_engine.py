@@ -185,7 +185,7 @@ async def test_an_over_budget_store_keeps_nothing_and_never_fails_a_request(
     assert not list((tmp_path / "state" / "kv").glob("*/*.bin"))
 
 
-async def test_the_entries_of_a_model_that_left_the_catalogue_are_dropped(
+async def test_the_entries_of_a_model_that_left_the_catalog_are_dropped(
     gemma: Path, tmp_path: Path
 ) -> None:
     async with router(tmp_path, sections(gemma)) as r:

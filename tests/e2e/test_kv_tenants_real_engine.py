@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from troupe.demo import assemble_demo_model
-from troupe.launcher import ChildLauncher
+from troupe.specs import ChildSpecs
 from troupe_rig.kv import complete, kv_of, metric, text_of
 from troupe_rig.router import RunningRouter, open_router, write_preset
 
@@ -126,7 +126,7 @@ async def test_a_restore_the_engine_ignores_switches_restores_off_for_the_model(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The store's own --swa-full left out: the child keeps what a SWA model keeps.
-    monkeypatch.setattr(ChildLauncher, "_uses_swa", lambda self, entry: False)
+    monkeypatch.setattr(ChildSpecs, "_uses_swa", lambda self, entry: False)
     args = ["--models-preset", str(preset(tmp_path, gemma))]
     async with open_router(args, engine=engine_path, state_dir=tmp_path / "s", cwd=tmp_path) as r:
         first = await complete(r, "a", LONG)

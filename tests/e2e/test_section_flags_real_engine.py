@@ -26,7 +26,7 @@ async def test_a_section_the_engine_refuses_is_rejected_with_its_message(
     }
     preset = write_preset(tmp_path, sections)
     args = ["--models-preset", str(preset), "--parallel", "1"]
-    caplog.set_level(logging.INFO, logger="troupe.launcher")
+    caplog.set_level(logging.INFO, logger="troupe.specs")
     async with (
         open_router(args, engine=engine_path, state_dir=tmp_path / "state", cwd=tmp_path) as r,
         r.client() as http,

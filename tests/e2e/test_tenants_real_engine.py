@@ -111,7 +111,7 @@ async def test_the_hub_token_reaches_a_child_by_its_environment_and_is_never_sho
         assert b"--hf-token" not in cmdline
         assert f"HF_TOKEN={TOKEN}".encode() in _proc(pid, "environ")
         # The memory measurement's child too.
-        argv, env = r.ctx.launcher.measure_command("tiny-a")
+        argv, env = r.ctx.specs.measure_command("tiny-a")
         assert TOKEN not in " ".join(argv)
         assert env["HF_TOKEN"] == TOKEN
         # The child serves with it (the engine reads HF_TOKEN for --hf-token).

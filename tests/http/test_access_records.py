@@ -32,7 +32,7 @@ async def test_client_gone_while_waiting_unknown_model_and_conversation(
         resp = await http.post("/completion", json={"model": "nope", "prompt": "x"})
         assert resp.status_code == 400
         unknown = await requests.wait_until(lambda r: r.model == "nope")
-        assert (unknown.status, unknown.catalogued) == (400, False)
+        assert (unknown.status, unknown.catalogd) == (400, False)
         assert unknown.error == "model 'nope' not found"
 
         headers = {"X-Conversation-Id": "conv-7"}

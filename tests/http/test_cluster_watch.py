@@ -46,7 +46,7 @@ class Lines:
                 self.buffer += chunk
 
 
-async def test_watch_follows_the_node_list_and_catalogues(
+async def test_watch_follows_the_node_list_and_catalogs(
     fake_router: RouterFactory, tmp_path: Path, haproxy_path: Path
 ) -> None:
     nodes = tmp_path / "nodes.txt"

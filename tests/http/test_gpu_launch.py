@@ -19,18 +19,18 @@ async def test_a_placed_childs_command_line(
 ) -> None:
     args = ["--models-dir", str(tiny_model_dir)]
     async with open_router(args, engine=engine_path, state_dir=tmp_path / "s") as router:
-        launcher = router.ctx.launcher
-        assert launcher.gpu_ids == {}  # a CPU build (or no GPU): nothing is placed
-        plain = launcher.launch_spec("tiny-a")
+        specs = router.ctx.specs
+        assert specs.gpu_ids == {}  # a CPU build (or no GPU): nothing is placed
+        plain = specs.launch_spec("tiny-a")
         argv = list(plain.argv(0))
         assert not set(argv) & {*DEVICE_FLAGS, "--n-gpu-layers"}
         assert plain.env.get("CUDA_DEVICE_ORDER") == os.environ.get("CUDA_DEVICE_ORDER")
 
-        # What build_router sets on a box whose engine lists two CUDA cards NVML sees.
-        launcher.gpu_ids = {"cuda:0": "CUDA0", "cuda:1": "CUDA1"}
-        launcher.device_names = {"CUDA0": "cuda:0", "CUDA1": "cuda:1"}
+        # What build_troupe sets on a box whose engine lists two CUDA cards NVML sees.
+        specs.gpu_ids = {"cuda:0": "CUDA0", "cuda:1": "CUDA1"}
+        specs.device_names = {"CUDA0": "cuda:0", "CUDA1": "cuda:1"}
         plan = GpuPlan(("cuda:0", "cuda:1"), (30000, 10000), 7)
-        spec = launcher.launch_spec("tiny-a", None, plan)
+        spec = specs.launch_spec("tiny-a", None, plan)
         placed = list(spec.argv(0))
         flags = [
             "--device",

@@ -1,4 +1,4 @@
-"""``troupe models``: the catalogue as a table, with status from a running router."""
+"""``troupe models``: the catalog as a table, with status from a running router."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``troupe models --url URL`` alone: the router there is the catalogue."""
+"""``troupe models --url URL`` alone: the router there is the catalog."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ async def test_without_url_it_asks_the_default_router_as_ps_does(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No catalogue flags and no --url: the router at $TROUPE_URL (else 127.0.0.1:8080), as
+    """No catalog flags and no --url: the router at $TROUPE_URL (else 127.0.0.1:8080), as
     `troupe ps`; a URL typed without its scheme (host:port) is http://host:port."""
     models = tmp_path / "models"
     write_tiny_models(models, ["m-one"])

@@ -39,7 +39,7 @@ async def test_reload_restarts_changed_models_only(
         assert "--ctx-size" in router.ctx.status_args(router.ctx.catalog.resolve("a"))  # type: ignore[arg-type]
 
 
-async def test_broken_preset_on_reload_is_a_500_and_keeps_the_old_catalogue(
+async def test_broken_preset_on_reload_is_a_500_and_keeps_the_old_catalog(
     fake_router: RouterFactory, tmp_path: Path
 ) -> None:
     async with fake_router({"a": {}}) as router, router.client() as http:

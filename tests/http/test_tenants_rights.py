@@ -237,7 +237,7 @@ async def test_reload_takes_a_new_file_without_closing_a_connection_or_a_stream(
         resp = await http.post("/models/reload", headers=auth("ops"))
         assert resp.status_code == 400
         message = resp.json()["error"]["message"]
-        assert message.startswith("the model catalogue was reloaded; the tenants file was kept")
+        assert message.startswith("the model catalog was reloaded; the tenants file was kept")
         assert f"{bad}: line 18: tenant \"carol\": unknown key 'modles'" in message
         assert KEYS["carol"] not in resp.text
         assert (await http.get("/v1/models", headers=auth("carol"))).status_code == 200

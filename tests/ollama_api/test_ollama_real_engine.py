@@ -73,13 +73,13 @@ async def until_unloaded(router: RunningRouter, model: str) -> None:
         await router.ctx.scheduler.wait_until(lambda s: not s.models[model].status.is_running)
 
 
-async def test_catalogue_version_and_root_as_ollama_lists_them(
+async def test_catalog_version_and_root_as_ollama_lists_them(
     real_router: RouterFactory, gemma_size: int
 ) -> None:
     async with real_router() as router, router.client() as http:
         api = client(router)
         listed = {m.model: m for m in (await api.list()).models}
-        # Every catalogue name, in the name:tag form Ollama's clients show and send back.
+        # Every catalog name, in the name:tag form Ollama's clients show and send back.
         assert set(listed) == {"gemma:latest", "gemma-tools:latest", "tiny:latest",
                                "tiny-embed:latest"}  # fmt: skip
         gemma = listed["gemma:latest"]

@@ -122,7 +122,7 @@ def test_child_flag_the_engine_refuses(engine_path: Path, tmp_path: Path) -> Non
     assert_one_line_error(done, "the engine refuses", '"--ctx-size"', "stoi")
 
 
-def test_models_with_no_catalogue(engine_path: Path, tmp_path: Path) -> None:
+def test_models_with_no_catalog(engine_path: Path, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     done = run_troupe(
         "models",

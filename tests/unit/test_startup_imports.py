@@ -11,7 +11,7 @@ import sys
 HEAVY = ("numpy", "gguf", "httpx", "httpcore", "anyio", "werkzeug", "quart", "flask", "jinja2",
          "hypercorn")  # fmt: skip
 # Everything `troupe serve` imports: the command, the service and what it builds and runs.
-SERVING = ("troupe.cli", "troupe.service", "troupe.router", "troupe.launcher",
+SERVING = ("troupe.cli", "troupe.service", "troupe.assembly", "troupe.specs",
            "troupe.http.serve", "troupe.http.routes", "troupe.realtime")  # fmt: skip
 
 

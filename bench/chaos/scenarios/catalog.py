@@ -1,4 +1,4 @@
-"""Catalogue changes whose client gives up: a reload while a changed model is slow to stop,
+"""Catalog changes whose client gives up: a reload while a changed model is slow to stop,
 and a removal (``DELETE /models``) of a Hugging Face cache model that is slow to stop.
 The child is made slow from outside (SIGSTOP): only the stop ladder's SIGKILL ends it."""
 

@@ -1,9 +1,9 @@
 """The scheduler actor: carries out what `SchedulerCore` decides, and nothing else.
 
-It owns the core (the only writer of the model table), the catalogue the table was
+It owns the core (the only writer of the model table), the catalog the table was
 built from, the instance actors, and the reply channels of everyone waiting. The
 rest of the program talks to it through the methods here: `lease`, `load`, `unload`,
-`reload`, `remove`, `start_download`, `drain`, `stop_all`, `subscribe`, `snapshot`.
+`reload`, `remove`, `start_download`, `begin_shutdown`, `stop_all`, `subscribe`, `snapshot`.
 
 Anything that spans an await and changes shared state (a reload waiting for stopped
 children, a removal deleting files) is a message it carries out in its own nursery,
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from troupe.actors.catalogue import CatalogueKeeper, Scanner
+from troupe.actors.catalog import CatalogKeeper, Scanner
 from troupe.actors.download_supervisor import DownloadLauncher
 from troupe.actors.events import EventBus
 from troupe.actors.instance import Instance
@@ -36,8 +36,8 @@ from troupe.child.ledger import PidLedger
 from troupe.download.plan import DownloadPlan
 from troupe.messages import (
     Acquire,
+    BeginShutdown,
     ChildState,
-    Drain,
     Exited,
     KeepAlive,
     LoadModel,
@@ -62,7 +62,7 @@ from troupe.sched.events import SchedulerEvent
 from troupe.sched.memory import MemoryLedger
 from troupe.sched.terms import DEFAULT_TERMS, TenantTerms
 
-__all__ = ["Launcher", "ModelUnavailable", "Scheduler"]
+__all__ = ["ModelUnavailable", "Scheduler", "Specs"]
 
 log = logging.getLogger("troupe.scheduler")
 
@@ -75,7 +75,7 @@ class ModelUnavailable(Exception):
         self.failure = failure
 
 
-class Launcher(Spawner, Projector, Scanner, Protocol):
+class Specs(Spawner, Projector, Scanner, Protocol):
     """What the scheduler needs from the rest of the program (the composition root):
     how to start a model's child, how to measure it, how to read the model sources."""
 
@@ -83,13 +83,13 @@ class Launcher(Spawner, Projector, Scanner, Protocol):
 class Scheduler:
     """The scheduler actor. Its parts, each owning its own state: the core (the model
     table and every decision), the effect executor (children, replies, events), the
-    memory work, the catalogue keeper (reloads, removals) and the downloads."""
+    memory work, the catalog keeper (reloads, removals) and the downloads."""
 
     def __init__(
         self,
         core: SchedulerCore,
-        launcher: Launcher,
-        catalogue: PreparedCatalog,
+        specs: Specs,
+        catalog: PreparedCatalog,
         bus: EventBus | None = None,
         ledger: PidLedger | None = None,
         inbox_size: int = 1024,
@@ -104,14 +104,14 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._replies = Replies()
         self.bus = bus or EventBus()
-        self._memory = MemoryWork(core, launcher, sampler, send)
-        self._catalogue = CatalogueKeeper(launcher, catalogue, send, self._publish_event)
+        self._memory = MemoryWork(core, specs, sampler, send)
+        self._keeper = CatalogKeeper(specs, catalog, send, self._publish_event)
         self._effects = EffectExecutor(
-            core, launcher, self._catalogue, self._memory, self._replies, self.bus, ledger,
+            core, specs, self._keeper, self._memory, self._replies, self.bus, ledger,
             send, transport,
         )  # fmt: skip
         self._downloads = SchedulerDownloads(
-            downloads, self._catalogue, self._replies, send, lambda: next(self._ids)
+            downloads, self._keeper, self._replies, send, lambda: next(self._ids)
         )
         self._nursery: trio.Nursery | None = None
         self._wait: trio.CancelScope | None = None  # the loop's wait for a message
@@ -130,9 +130,9 @@ class Scheduler:
         self._effects.add_listener(listener)
 
     @property
-    def catalogue(self) -> PreparedCatalog:
-        """The catalogue the model table was built from; replaced whole on reload."""
-        return self._catalogue.current
+    def prepared(self) -> PreparedCatalog:
+        """The catalog the model table was built from; replaced whole on reload."""
+        return self._keeper.current
 
     def instance(self, model: str) -> Instance | None:
         return self._effects.instances.get(model)
@@ -325,7 +325,7 @@ class Scheduler:
 
     async def reload(self) -> None:
         """Re-scan the sources and reconcile the table (as upstream); returns once the new
-        catalogue is in effect. Carried out whether or not the caller waits for it."""
+        catalog is in effect. Carried out whether or not the caller waits for it."""
         await self._ask(Reload)
 
     async def remove(self, model: str) -> None:
@@ -341,10 +341,10 @@ class Scheduler:
             lambda rid, reply: StartDownload(rid, name, plan, error, error_status, reply)
         )
 
-    async def drain(self) -> None:
+    async def begin_shutdown(self) -> None:
         """Shutdown's first step: every waiter is answered, no load starts, leases held
         now may finish (see `wait_until` for in-flight counts)."""
-        await self._ask(Drain)
+        await self._ask(BeginShutdown)
 
     async def stop_all(self) -> None:
         """Stop every child (each through its ladder) and return when none runs."""
@@ -363,7 +363,7 @@ class Scheduler:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            for part in (self._effects, self._memory, self._catalogue, self._downloads):
+            for part in (self._effects, self._memory, self._keeper, self._downloads):
                 part.nursery = nursery
             task_status.started()
             now = trio.current_time()
@@ -420,18 +420,18 @@ class Scheduler:
                 expect(msg.rid, msg.reply)
                 self._downloads.stop_all()  # paused: the journal resumes them next start
                 return core.stop_all(msg.rid, now)
-            case Drain():
+            case BeginShutdown():
                 expect(msg.rid, msg.reply)
-                return [*core.drain(now), Reply(msg.rid, None)]
+                return [*core.begin_shutdown(now), Reply(msg.rid, None)]
             case Reload():
                 expect(msg.rid, msg.reply)
-                self._catalogue.rescan(msg.rid)
+                self._keeper.rescan(msg.rid)
                 return []
             case RemoveModel():
                 expect(msg.rid, msg.reply)
-                return self._catalogue.remove(msg.rid, msg.model, core, now)
+                return self._keeper.remove(msg.rid, msg.model, core, now)
             case Rescanned():
-                return self._catalogue.rescanned(msg, core, now)
+                return self._keeper.rescanned(msg, core, now)
             case Spawned():
                 self._effects.child_started(msg.model, msg.gen, msg.port, msg.connections)
                 return core.spawned(msg.model, msg.gen, msg.port, msg.pid, now, slots=msg.slots)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from troupe.actors.catalogue import CatalogueKeeper
+from troupe.actors.catalog import CatalogKeeper
 from troupe.actors.download_supervisor import DownloadLauncher, DownloadSupervisor
 from troupe.actors.replies import Replies
 from troupe.messages import (
@@ -37,17 +37,17 @@ class SchedulerDownloads:
     def __init__(
         self,
         launcher: DownloadLauncher | None,
-        catalogue: CatalogueKeeper,
+        keeper: CatalogKeeper,
         replies: Replies,
         send: trio.MemorySendChannel[Message],
         new_rid: Callable[[], int],
     ) -> None:
         self._jobs = DownloadSupervisor(launcher, send)
-        self._catalogue = catalogue
+        self._keeper = keeper
         self._replies = replies
         self._new_rid = new_rid
         self._reloads: dict[int, dict[str, int]] = {}  # reload rid -> the ended jobs it clears
-        catalogue.on_swap(self._swapped)
+        keeper.on_swap(self._swapped)
 
     @property
     def nursery(self) -> trio.Nursery | None:
@@ -72,14 +72,14 @@ class SchedulerDownloads:
                 self._replies.expect(msg.rid, msg.reply)
                 return self._effects(jobs.cancel(msg.rid, msg.model))
             case RemoveModel() if msg.model in jobs and (
-                self._catalogue.current.catalog.get(msg.model) is None
+                self._keeper.current.catalog.get(msg.model) is None
             ):
                 self._replies.expect(msg.rid, msg.reply)
                 return self._effects(jobs.remove(msg.rid, msg.model))
             case Rescanned() if isinstance(msg.result, str) and msg.rid in self._reloads:
                 jobs.forget(self._reloads.pop(msg.rid))  # the reload failed
                 return None  # answered (to nobody, or the DELETE) as any failed reload
-            case StartDownload() if self._catalogue.current.catalog.resolve(msg.name) is not None:
+            case StartDownload() if self._keeper.current.catalog.resolve(msg.name) is not None:
                 exists = Failure.bad_request(f"model '{msg.name}' already exists")
                 self._replies.expect(msg.rid, msg.reply)
                 return [Reply(msg.rid, exists)]
@@ -102,7 +102,7 @@ class SchedulerDownloads:
                 # Its job has ended: from here on it is a removal as any other (delete the
                 # files, re-scan, reload, model_remove), and its entry goes with that reload.
                 self._reloads[item.rid] = {**self._jobs.ended(), item.name: item.job}
-                self._catalogue.delete_then_rescan(item.rid, item.name)
+                self._keeper.delete_then_rescan(item.rid, item.name)
             else:
                 effects.append(item)
         return effects
@@ -112,7 +112,7 @@ class SchedulerDownloads:
         name and a failed one is gone. The entries ended by now go with this reload."""
         rid = self._new_rid()
         self._reloads[rid] = self._jobs.ended()
-        self._catalogue.rescan(rid)
+        self._keeper.rescan(rid)
 
     def _swapped(self, effect: Reloaded) -> None:
         for rid in effect.rids:

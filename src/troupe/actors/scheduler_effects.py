@@ -2,8 +2,8 @@
 
 Part of the scheduler actor (scheduler.py takes messages in; this acts). Nothing here
 awaits inside a dispatch: children run in the actor's nursery, blocking work in worker
-threads, and each reports back as a message. Memory work is `MemoryWork`'s, catalogue
-swaps and removals the `CatalogueKeeper`'s.
+threads, and each reports back as a message. Memory work is `MemoryWork`'s, catalog
+swaps and removals the `CatalogKeeper`'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Protocol
 
 import trio
 
-from troupe.actors.catalogue import CatalogueKeeper
+from troupe.actors.catalog import CatalogKeeper
 from troupe.actors.events import EventBus
 from troupe.actors.instance import Instance, LaunchSpec
 from troupe.actors.replies import Replies
@@ -69,7 +69,7 @@ class EffectExecutor:
         self,
         core: SchedulerCore,
         spawner: Spawner,
-        catalogue: CatalogueKeeper,
+        keeper: CatalogKeeper,
         memory: MemoryWork,
         replies: Replies,
         bus: EventBus,
@@ -79,7 +79,7 @@ class EffectExecutor:
     ) -> None:
         self._core = core
         self._spawner = spawner
-        self._catalogue = catalogue
+        self._keeper = keeper
         self._memory = memory
         self._replies = replies
         self.bus = bus
@@ -121,13 +121,13 @@ class EffectExecutor:
                 case Emit():
                     self.publish(effect.event)
                 case Reloaded():
-                    self._catalogue.swap(effect)
+                    self._keeper.swap(effect)
                 case Measure():
                     self._memory.start_measure(effect)
                 case CancelMeasure():
                     self._memory.cancel_measure(effect.model)
                 case DeleteFiles():
-                    self._catalogue.delete_then_rescan(effect.rid, effect.model)
+                    self._keeper.delete_then_rescan(effect.rid, effect.model)
 
     def publish(self, event: SchedulerEvent) -> None:
         """To every listener (counters, the model logs: each sees every event) and to the
@@ -194,7 +194,7 @@ class EffectExecutor:
     # ----- read-ahead --------------------------------------------------------------------
 
     def _start_prefetch(self, model: str) -> None:
-        entry = self._catalogue.current.catalog.get(model)
+        entry = self._keeper.current.catalog.get(model)
         if entry is None or entry.model_path is None or self.nursery is None:
             return
         files = model_files(entry.model_path, entry.mmproj_path)

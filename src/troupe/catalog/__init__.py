@@ -1,4 +1,4 @@
-"""The model catalogue: which models the router can start, and with what arguments.
+"""The model catalog: which models the router can start, and with what arguments.
 
 Pure and synchronous (no Trio, no HTTP). It reproduces llama.cpp's router-mode
 model list (its model sources and presets): the HF cache, ``--models-dir`` and the INI

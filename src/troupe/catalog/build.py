@@ -1,4 +1,4 @@
-"""Building the catalogue: sources merged, router CLI on top, entries checked.
+"""Building the catalog: sources merged, router CLI on top, entries checked.
 
 ``server_models::load_models``: cache < models dir (replaces) < INI (merges), each
 cascaded over ``[*]``; then the router's own command line (the base preset, with
@@ -227,7 +227,7 @@ def build_catalog(
     keys: PresetKeys = DEFAULT_PRESET_KEYS,
     probe: ArchitectureProbe | None = None,
 ) -> Catalog:
-    """Scan every source and build the catalogue.
+    """Scan every source and build the catalog.
 
     ``reload=False`` (the first load) makes a name or alias conflict fatal and
     checks ``load-on-startup`` against ``models_max``; ``reload=True`` skips a
@@ -288,7 +288,7 @@ def build_catalog(
         # Not an error: upstream's router starts with no models too (a download may add one).
         warnings.append(
             "no models: give --models-dir DIR or --models-preset FILE, or download one "
-            "(troupe pull org/repo, POST /models); serving an empty catalogue"
+            "(troupe pull org/repo, POST /models); serving an empty catalog"
         )
     catalog = Catalog(tuple(entries), cwd, tuple(warnings), forced)
     if not reload:

@@ -1,4 +1,4 @@
-"""The catalogue's result: immutable model entries and the `Catalog` that holds them."""
+"""The catalog's result: immutable model entries and the `Catalog` that holds them."""
 
 from __future__ import annotations
 

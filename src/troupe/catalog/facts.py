@@ -1,7 +1,7 @@
-"""GGUF facts for catalogue entries: the ``architecture`` probe and troupe's extra keys.
+"""GGUF facts for catalog entries: the ``architecture`` probe and troupe's extra keys.
 
 Headers are read once per file version (path, size, mtime) and kept, so a reload
-of a large catalogue reads only what changed.
+of a large catalog reads only what changed.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ context the child starts with. Both are computed here, for the child's own comma
   (`child_context`);
 - the need is the engine's own projection with the child's arguments once made
   (`troupe.actors.measure`, run by the router and by doctor with
-  `troupe.launcher.projection_argv`), else the GGUF header's estimate (`estimated_need`).
+  `troupe.specs.projection_argv`), else the GGUF header's estimate (`estimated_need`).
 """
 
 from __future__ import annotations

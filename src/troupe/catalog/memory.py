@@ -1,4 +1,4 @@
-"""What loading a catalogue model takes, per device, before it is loaded.
+"""What loading a catalog model takes, per device, before it is loaded.
 
 The GGUF estimate (weights, KV cache at the context the engine would run with,
 projector; `troupe.hardware.estimate`) plus the two buffers llama.cpp allocates

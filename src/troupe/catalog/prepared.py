@@ -1,8 +1,8 @@
-"""A catalogue ready for the scheduler: the model list plus what was worked out from it.
+"""A catalog ready for the scheduler: the model list plus what was worked out from it.
 
 Built off the event loop (it reads GGUF headers) by whoever scans; the scheduler actor
 swaps it in whole, at the instant its core takes the new model table, so readers
-never see a catalogue and a table that disagree.
+never see a catalog and a table that disagree.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ LOAD_ON_STARTUP = PresetOnlyKey(
     _parse_truthy,
 )
 # Upstream parses stop-timeout with std::stoi and falls back to 10 with a warning;
-# the catalogue does that itself (it needs the model name for the warning).
+# the catalog does that itself (it needs the model name for the warning).
 STOP_TIMEOUT = PresetOnlyKey(
     "stop-timeout",
     "__PRESET_STOP_TIMEOUT",

@@ -25,7 +25,7 @@ from troupe.errors import ConfigError
 
 __all__ = ["SectionChecks", "check_child_flags", "engine_refusal"]
 
-log = logging.getLogger("troupe.launcher")
+log = logging.getLogger("troupe.specs")
 
 CHECK_TIMEOUT = 30.0  # seconds: the engine only parses; a hang here is the engine's bug
 CHECK_WORKERS = 4  # engine processes at once (each only parses its arguments)
@@ -79,7 +79,7 @@ def check_child_flags(engine: Path, args: Sequence[str]) -> None:
 
 class SectionChecks:
     """Each model's child command line, checked by the engine; results by argv (only
-    the current catalogue's are kept). Thread-safe: scans run in worker threads."""
+    the current catalog's are kept). Thread-safe: scans run in worker threads."""
 
     def __init__(self, env: Mapping[str, str] | None = None, workers: int = CHECK_WORKERS):
         self._env = env

@@ -98,7 +98,7 @@ class Agent:
         self._cluster = cluster
         self._snapshot = snapshot
         # (model, role) -> whether that line was last told it is usable: the hand-over
-        # between a node's warm and cold lines (bounded: two per model in the catalogue)
+        # between a node's warm and cold lines (bounded: two per model in the catalog)
         self._told: dict[tuple[str, str], bool] = {}
 
     async def answer(self, query: str) -> str:

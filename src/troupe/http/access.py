@@ -16,6 +16,7 @@ import time
 import trio
 
 from troupe.api import strip_prefix
+from troupe.assembly import Troupe
 from troupe.http.body_model import OFF_LOOP_BYTES
 from troupe.http.keys import tenant_of
 from troupe.http.routing import Handler
@@ -24,7 +25,6 @@ from troupe.http.server.parse import Request
 from troupe.ops.access import AccessRecord, read_usage
 from troupe.ops.metrics import route_label
 from troupe.proxy.relay import RelayReport
-from troupe.router import Router
 
 __all__ = [
     "CLIENT_CLOSED",
@@ -40,7 +40,7 @@ __all__ = [
 CLIENT_CLOSED = 499  # nginx's "client closed request": the client left before an answer
 
 
-def begin(ctx: Router, ex: Exchange, conversation: str = "") -> tuple[AccessRecord, float]:
+def begin(ctx: Troupe, ex: Exchange, conversation: str = "") -> tuple[AccessRecord, float]:
     """The record, and the Trio time it started (what its durations count from)."""
     rec = AccessRecord(
         time=time.time(),
@@ -59,7 +59,7 @@ def begin(ctx: Router, ex: Exchange, conversation: str = "") -> tuple[AccessReco
 
 
 def finish(
-    ctx: Router,
+    ctx: Troupe,
     ex: Exchange,
     rec: AccessRecord,
     started: float,
@@ -103,7 +103,7 @@ UNRECORDED_WHEN_OK = frozenset({"/health", "/v1/health", "/metrics"})
 def recorded(handler: Handler) -> Handler:
     """``handler`` (a router-local route) with an access record of kind "local"."""
 
-    async def with_record(ctx: Router, ex: Exchange) -> None:
+    async def with_record(ctx: Troupe, ex: Exchange) -> None:
         started = trio.current_time()
         try:
             await handler(ctx, ex)
@@ -113,7 +113,7 @@ def recorded(handler: Handler) -> Handler:
     return with_record
 
 
-def _finish_local(ctx: Router, ex: Exchange, started: float) -> None:
+def _finish_local(ctx: Troupe, ex: Exchange, started: float) -> None:
     status = ex.status if ex.started else CLIENT_CLOSED
     route = strip_prefix(ex.path, ctx.settings.api_prefix) or ex.path
     if status < 400 and route in UNRECORDED_WHEN_OK and not ex.params.get("model"):
@@ -151,7 +151,7 @@ def _model_named(ex: Exchange) -> str:
 
 
 def refused_record(
-    ctx: Router, request: Request | None, status: int, message: str, body: bytes, peer: str
+    ctx: Troupe, request: Request | None, status: int, message: str, body: bytes, peer: str
 ) -> None:
     """A request the server answered before any route ran (refused at the head: the Host,
     the key, an unknown route, not ready yet; or unreadable, too slow, too large): kind
@@ -187,7 +187,7 @@ def _message_of(body: bytes) -> str:
 UPGRADE_CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("upgrade_client", default="-")
 
 
-def realtime_record(ctx: Router, client: str, path: str, started: float) -> AccessRecord:
+def realtime_record(ctx: Troupe, client: str, path: str, started: float) -> AccessRecord:
     """A realtime session's record, begun at its handshake (``started``: Trio time);
     `finish_realtime` hands it on at the session's end (the handshake sets its
     ``tenant`` once the key is known)."""
@@ -202,7 +202,7 @@ def realtime_record(ctx: Router, client: str, path: str, started: float) -> Acce
     )
 
 
-def finish_realtime(ctx: Router, rec: AccessRecord, started: float) -> None:
+def finish_realtime(ctx: Troupe, rec: AccessRecord, started: float) -> None:
     """A session that was accepted reaches the listeners like a proxied request (the
     per-model and per-tenant metrics, the usage ledger: its responses' tokens); a refused
     handshake is only recorded."""

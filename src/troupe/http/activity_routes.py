@@ -7,20 +7,20 @@ several keys, a tenant's ``/troupe/requests`` lists only its own records."""
 from __future__ import annotations
 
 from troupe import __version__
+from troupe.assembly import Troupe
 from troupe.http.keys import viewer_of
 from troupe.http.respond import send_error, send_json
 from troupe.http.server.exchange import Exchange
 from troupe.http.views import model_filter
 from troupe.ops.access import ALL_KINDS, DEFAULT_KINDS
 from troupe.ops.history import HISTORY_EVERY
-from troupe.router import Router
 
 __all__ = ["history", "recent_requests", "version"]
 
 DEFAULT_LIMIT = 100
 
 
-async def recent_requests(router: Router, ex: Exchange) -> None:
+async def recent_requests(router: Troupe, ex: Exchange) -> None:
     params = ex.params
     name = params.get("model", "")
     model: str | None = None
@@ -53,7 +53,7 @@ def _kinds(text: str) -> frozenset[str] | None:
     return kinds if kinds <= ALL_KINDS else None
 
 
-async def version(router: Router, ex: Exchange) -> None:
+async def version(router: Troupe, ex: Exchange) -> None:
     engine = router.engine
     await send_json(
         ex,
@@ -68,7 +68,7 @@ async def version(router: Router, ex: Exchange) -> None:
     )
 
 
-async def history(router: Router, ex: Exchange) -> None:
+async def history(router: Troupe, ex: Exchange) -> None:
     """The dashboard's recent samples (`troupe.ops.history`), oldest first; with a
     tenants file, a tenant that is not admin gets only its models' memory."""
     points = [p.to_json() for p in router.history.points()]

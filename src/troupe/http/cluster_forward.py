@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from troupe.assembly import Troupe
 from troupe.cluster import FORWARDED, Cluster
 from troupe.cluster.render import NODE_HEADER, server_names
 from troupe.cluster.view import Hung, Peer
@@ -23,7 +24,6 @@ from troupe.http.server.exchange import Exchange
 from troupe.ops.access import AccessRecord
 from troupe.proxy.relay import ChildLost, RelayReport, request_headers
 from troupe.proxy.upstream import Unreachable, UpstreamError, UpstreamResponse, render_request
-from troupe.router import Router
 
 __all__ = ["ask_every_peer", "cluster_models", "forward_elsewhere", "stream_elsewhere"]
 
@@ -40,7 +40,7 @@ def _wire(ex: Exchange, peer: Peer, cluster: Cluster) -> bytes:
     return render_request(ex.method, target, headers, ex.body)
 
 
-async def forward_elsewhere(ctx: Router, ex: Exchange, name: str) -> bool:
+async def forward_elsewhere(ctx: Troupe, ex: Exchange, name: str) -> bool:
     """True when the request for model ``name`` went to another node (and its answer to
     the client); False when it is to be served here. A node that refuses the connection
     is skipped (nothing of the request reached it) for the next in the model's order; a
@@ -106,7 +106,7 @@ async def forward_elsewhere(ctx: Router, ex: Exchange, name: str) -> bool:
 
 
 def _finish(
-    ctx: Router,
+    ctx: Troupe,
     ex: Exchange,
     record: tuple[AccessRecord, float],
     to: str,
@@ -123,7 +123,7 @@ def _finish(
 
 
 async def _relay_answer(
-    ctx: Router,
+    ctx: Troupe,
     ex: Exchange,
     upstream: UpstreamResponse,
     peer: Peer | None = None,
@@ -183,7 +183,7 @@ async def _relay_answer(
     return cut, left
 
 
-async def cluster_models(ctx: Router, ex: Exchange, local: dict[str, Any]) -> Any:
+async def cluster_models(ctx: Troupe, ex: Exchange, local: dict[str, Any]) -> Any:
     """``GET /models``: a peer asking (the forward mark) gets this node's own list and
     id; a client gets the union of every node's."""
     cluster = ctx.cluster
@@ -195,7 +195,7 @@ async def cluster_models(ctx: Router, ex: Exchange, local: dict[str, Any]) -> An
     return cluster.union(local, await cluster.docs(fresh=True))
 
 
-async def stream_elsewhere(ctx: Router, ex: Exchange) -> bool:
+async def stream_elsewhere(ctx: Troupe, ex: Exchange) -> bool:
     """``GET /v1/stream?conv_id=`` for a conversation this node does not hold: asked of
     each other node in turn (a GET changes nothing); the first that does not answer
     404 is relayed. False when none holds it."""
@@ -220,7 +220,7 @@ async def stream_elsewhere(ctx: Router, ex: Exchange) -> bool:
     return False
 
 
-async def ask_every_peer(ctx: Router, ex: Exchange, within: float) -> list[bytes]:
+async def ask_every_peer(ctx: Troupe, ex: Exchange, within: float) -> list[bytes]:
     """The request, with the forward mark, to every other node at once; the bodies of
     the 200 answers that came within ``within`` seconds (stream lookups and deletes)."""
     cluster = ctx.cluster

@@ -8,11 +8,11 @@ import hashlib
 import html
 import re
 
+from troupe.assembly import Troupe
 from troupe.http.errors import NOT_FOUND_BODY
 from troupe.http.routing import DASHBOARD
 from troupe.http.server.exchange import Exchange
 from troupe.ops.dashboard import CONTENT_TYPES, load_static
-from troupe.router import Router
 
 __all__ = ["dashboard_file", "dashboard_root", "etag_matches"]
 
@@ -53,11 +53,11 @@ async def _redirect(ex: Exchange, location: str) -> None:
     await ex.respond(308, body, _HTML, [(b"Location", location.encode("latin-1"))])
 
 
-async def dashboard_root(router: Router, ex: Exchange) -> None:
+async def dashboard_root(router: Troupe, ex: Exchange) -> None:
     await _redirect(ex, router.settings.api_prefix + DASHBOARD + "/")
 
 
-async def dashboard_file(router: Router, ex: Exchange) -> None:
+async def dashboard_file(router: Troupe, ex: Exchange) -> None:
     prefix = router.settings.api_prefix
     route = ex.path[len(prefix) :]
     if "//" in route:  # one file, one path: repeated slashes redirect to the merged one

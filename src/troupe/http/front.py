@@ -22,6 +22,7 @@ import logging
 import trio
 
 from troupe.api import dumps, strip_prefix
+from troupe.assembly import Troupe
 from troupe.cluster.kvsync import KV_PATH
 from troupe.cluster.view import FORWARDED
 from troupe.http import cors
@@ -34,7 +35,6 @@ from troupe.http.routing import Handler, RouteTable, is_dashboard
 from troupe.http.server.exchange import Exchange
 from troupe.http.server.parse import Refusal, Request
 from troupe.http.upgrade import WebSocketDoor, serve_upgrade
-from troupe.router import Router
 
 __all__ = ["Front"]
 
@@ -94,7 +94,7 @@ def _no_body(request: Request) -> Refusal:
 
 
 class Front:
-    def __init__(self, router: Router, routes: RouteTable, websocket: WebSocketDoor | None) -> None:
+    def __init__(self, router: Troupe, routes: RouteTable, websocket: WebSocketDoor | None) -> None:
         self.router = router
         self.routes = routes
         self.websocket = websocket
@@ -217,7 +217,7 @@ class Front:
         """Into the access record: what the server answered before any route ran."""
         refused_record(self.router, request, status, message, body, peer)
 
-    async def _options(self, router: Router, ex: Exchange) -> None:
+    async def _options(self, router: Troupe, ex: Exchange) -> None:
         await ex.respond(200, b"", "text/html", self._preflight)
 
     async def serve(self, ex: Exchange) -> None:

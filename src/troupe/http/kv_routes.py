@@ -7,22 +7,22 @@ from __future__ import annotations
 import json
 
 from troupe.api import dumps
+from troupe.assembly import Troupe
 from troupe.cluster.kvsync import KV_SEAL, KV_SHA256, seal_parts
 from troupe.http.errors import NOT_FOUND_BODY, error_body
 from troupe.http.server.exchange import Exchange
 from troupe.kvstore.replicas import Refused, Replicas
-from troupe.router import Router
 
 __all__ = ["kv_fetch", "kv_push"]
 
 _TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error"}
 
 
-def _replicas(ctx: Router) -> Replicas | None:
+def _replicas(ctx: Troupe) -> Replicas | None:
     return ctx.kv.replicas if ctx.kv is not None else None
 
 
-async def kv_push(ctx: Router, ex: Exchange) -> None:
+async def kv_push(ctx: Troupe, ex: Exchange) -> None:
     """A peer's slot file, stored as the KV store's own (`Replicas.receive`)."""
     replicas = _replicas(ctx)
     if replicas is None:
@@ -38,7 +38,7 @@ async def kv_push(ctx: Router, ex: Exchange) -> None:
     await ex.respond(200, dumps({"stored": entry.name, "tokens": len(entry.tokens)}))
 
 
-async def kv_fetch(ctx: Router, ex: Exchange) -> None:
+async def kv_fetch(ctx: Troupe, ex: Exchange) -> None:
     """This node's file for a peer's prompt tokens, of the same identity and tenant."""
     replicas = _replicas(ctx)
     cluster = ctx.cluster

@@ -31,11 +31,11 @@ from typing import Any, Literal
 import trio
 
 from troupe.api import dumps, strip_prefix
+from troupe.assembly import Troupe
 from troupe.http.errors import failure_body
 from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
 from troupe.ops.load_log import load_percent
-from troupe.router import Router
 from troupe.sched import Failure, ModelView, Snapshot, Status
 
 __all__ = [
@@ -84,7 +84,7 @@ def describe_wait(name: str, view: ModelView | None) -> str | None:
     return f"waiting for {name}"
 
 
-def waits_for_load(ctx: Router, name: str) -> bool:
+def waits_for_load(ctx: Troupe, name: str) -> bool:
     """``--load-progress`` is on and ``name`` is not ready: a request for it waits for a
     load (the common case, a ready model, is one dict lookup)."""
     if ctx.settings.load_progress == "off":
@@ -93,7 +93,7 @@ def waits_for_load(ctx: Router, name: str) -> bool:
     return view is None or view.status not in _READY or view.stopping
 
 
-def progress_style(ctx: Router, ex: Exchange, name: str) -> Style | None:
+def progress_style(ctx: Troupe, ex: Exchange, name: str) -> Style | None:
     """How this request hears of its model's load, or None: not a streamed completion,
     ``--load-progress off``, or its model is ready (the common case: one dict lookup)."""
     mode = ctx.settings.load_progress
@@ -121,7 +121,7 @@ class Herald:
     """Tells one waiting client about its model's load until `settle` (see the module).
     ``fields``: the head's fields (SSE's, or Ollama's NDJSON); ``style``: how lines go."""
 
-    def __init__(self, ctx: Router, ex: Exchange, model: str, fields: bytes, style: Style) -> None:
+    def __init__(self, ctx: Troupe, ex: Exchange, model: str, fields: bytes, style: Style) -> None:
         self.ctx, self.ex, self.model = ctx, ex, model
         self.fields, self.style = fields, style
         self.sent = 0  # body bytes written before the child's answer
@@ -214,7 +214,7 @@ async def end_with_error(ex: Exchange, body: bytes) -> None:
 
 @asynccontextmanager
 async def heralded(
-    ctx: Router, ex: Exchange, model: str, fields: bytes, style: Style
+    ctx: Troupe, ex: Exchange, model: str, fields: bytes, style: Style
 ) -> AsyncIterator[Herald]:
     """A `Herald` at work beside the block (which must `Herald.settle` it before it
     writes to ``ex``)."""

@@ -11,6 +11,7 @@ from typing import Any
 from troupe import __version__
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.api import dumps
+from troupe.assembly import Troupe
 from troupe.catalog import ModelEntry
 from troupe.catalog.hfcache import split_repo_tag
 from troupe.errors import ConfigError
@@ -19,7 +20,6 @@ from troupe.http.cluster_forward import cluster_models
 from troupe.http.models_json import models_list, settled_downloads
 from troupe.http.respond import local_body, send_error, send_failure, send_json, send_stream
 from troupe.http.server.exchange import Exchange
-from troupe.router import Router
 from troupe.sched import Failure
 
 __all__ = [
@@ -68,11 +68,11 @@ async def _model_from_json(ex: Exchange) -> str | None:
     return value if isinstance(value, str) else ""
 
 
-async def health(router: Router, ex: Exchange) -> None:
+async def health(router: Troupe, ex: Exchange) -> None:
     await ex.respond(200, _HEALTH)
 
 
-async def props(router: Router, ex: Exchange) -> None:
+async def props(router: Troupe, ex: Exchange) -> None:
     s = router.settings
     await send_json(
         ex,
@@ -90,22 +90,22 @@ async def props(router: Router, ex: Exchange) -> None:
     )
 
 
-def _may_use(router: Router, ex: Exchange, name: str) -> bool:
-    """Whether the request's key may use model ``name`` (a catalogue name or alias, or
+def _may_use(router: Troupe, ex: Exchange, name: str) -> bool:
+    """Whether the request's key may use model ``name`` (a catalog name or alias, or
     a download's): its tenants file's ``models``."""
     entry = router.catalog.get(name)
     names = (name,) if entry is None else (entry.name, *entry.aliases)
     return router.tenants.current.allows(ex.request.key_name, names)
 
 
-def _visible(router: Router, ex: Exchange, entry: ModelEntry | None) -> ModelEntry | None:
+def _visible(router: Troupe, ex: Exchange, entry: ModelEntry | None) -> ModelEntry | None:
     """``entry``, or None when the request's key may not use it (then it is unknown)."""
     if entry is None or _may_use(router, ex, entry.name):
         return entry
     return None
 
 
-async def _admin(router: Router, ex: Exchange, action: str) -> bool:
+async def _admin(router: Troupe, ex: Exchange, action: str) -> bool:
     """Whether the request's key may do an admin action; False once its 403 went out."""
     if router.tenants.current.may_admin(ex.request.key_name):
         return True
@@ -114,9 +114,9 @@ async def _admin(router: Router, ex: Exchange, action: str) -> bool:
     return False
 
 
-async def reload_all(router: Router) -> tuple[Failure | None, str | None]:
-    """Read the tenants file again and reload the catalogue (``SIGHUP``,
-    ``POST /models/reload``): (the catalogue's failure, why the tenants file was kept),
+async def reload_all(router: Troupe) -> tuple[Failure | None, str | None]:
+    """Read the tenants file again and reload the catalog (``SIGHUP``,
+    ``POST /models/reload``): (the catalog's failure, why the tenants file was kept),
     None for each that went through. One does not stop the other."""
     kept = router.tenants.reload()
     try:
@@ -126,21 +126,21 @@ async def reload_all(router: Router) -> tuple[Failure | None, str | None]:
     return None, kept
 
 
-async def reload(router: Router, ex: Exchange) -> None:
-    """``POST /models/reload``: the catalogue and the tenants file (admin only)."""
+async def reload(router: Troupe, ex: Exchange) -> None:
+    """``POST /models/reload``: the catalog and the tenants file (admin only)."""
     if not await _admin(router, ex, "reload"):
         return
     failure, kept = await reload_all(router)
     if failure is not None:
         await send_failure(ex, failure)
     elif kept is not None:
-        message = f"the model catalogue was reloaded; the tenants file was kept as it was: {kept}"
+        message = f"the model catalog was reloaded; the tenants file was kept as it was: {kept}"
         await send_error(ex, message, "invalid_request_error")
     else:
         await send_json(ex, _SUCCESS)
 
 
-async def models(router: Router, ex: Exchange) -> None:
+async def models(router: Troupe, ex: Exchange) -> None:
     if ex.params.get("reload", ""):
         if not await _admin(router, ex, "reload"):
             return
@@ -155,7 +155,7 @@ async def models(router: Router, ex: Exchange) -> None:
     await send_json(ex, doc)
 
 
-async def load(router: Router, ex: Exchange) -> None:
+async def load(router: Troupe, ex: Exchange) -> None:
     if not await _admin(router, ex, "load models"):
         return
     name = await _model_from_json(ex)
@@ -182,7 +182,7 @@ async def load(router: Router, ex: Exchange) -> None:
     await send_json(ex, _SUCCESS)
 
 
-async def unload(router: Router, ex: Exchange) -> None:
+async def unload(router: Troupe, ex: Exchange) -> None:
     if not await _admin(router, ex, "unload models"):
         return
     name = await _model_from_json(ex)
@@ -206,7 +206,7 @@ def sse_event(event: dict[str, Any]) -> bytes:
     return b"data: " + dumps(event) + b"\n\n"
 
 
-async def models_sse(router: Router, ex: Exchange) -> None:
+async def models_sse(router: Troupe, ex: Exchange) -> None:
     # A cluster node names itself in every event (its name as the balancer knows it).
     node = await router.cluster.name() if router.cluster is not None else None
 
@@ -221,7 +221,7 @@ async def models_sse(router: Router, ex: Exchange) -> None:
     await send_stream(ex, b"X-Accel-Buffering: no\r\n", events())
 
 
-async def download(router: Router, ex: Exchange) -> None:
+async def download(router: Troupe, ex: Exchange) -> None:
     if not await _admin(router, ex, "download models"):
         return
     name = await _model_from_json(ex)
@@ -248,7 +248,7 @@ async def download(router: Router, ex: Exchange) -> None:
     await send_json(ex, _SUCCESS)
 
 
-async def remove(router: Router, ex: Exchange) -> None:
+async def remove(router: Troupe, ex: Exchange) -> None:
     if not await _admin(router, ex, "delete models"):
         return
     name = ex.params.get("model", "")
@@ -266,5 +266,5 @@ async def remove(router: Router, ex: Exchange) -> None:
     await send_json(ex, _SUCCESS)
 
 
-async def disabled(router: Router, ex: Exchange) -> None:
+async def disabled(router: Troupe, ex: Exchange) -> None:
     await send_json(ex, _DISABLED, 403)

@@ -6,13 +6,13 @@ from typing import Any
 
 import trio
 
+from troupe.assembly import Troupe
 from troupe.catalog import ModelEntry
 from troupe.catalog.facts import facts_json, file_bytes
 from troupe.catalog.figure import child_context
 from troupe.hardware.cpus import format_cpus
 from troupe.hardware.feasibility import feasibility
 from troupe.ops.load_log import load_percent
-from troupe.router import Router
 from troupe.sched import ModelView, Snapshot, Status
 from troupe.sched.downloads import DownloadView
 
@@ -29,7 +29,7 @@ EXTRA_KEY = "troupe"  # upstream clients ignore unknown keys; everything of ours
 
 
 def architecture_of(entry: ModelEntry, view: ModelView | None) -> dict[str, list[str]]:
-    """The catalogue's modalities, each replaced by what the child reported once loaded."""
+    """The catalog's modalities, each replaced by what the child reported once loaded."""
     arch = entry.architecture.to_json()
     info = view.loaded_info if view is not None else None
     child_arch = info.get("architecture") if isinstance(info, dict) else None
@@ -110,7 +110,7 @@ def _cpu(view: ModelView) -> dict[str, Any] | None:
     return None
 
 
-def _memory(ctx: Router, view: ModelView | None) -> dict[str, Any] | None:
+def _memory(ctx: Troupe, view: ModelView | None) -> dict[str, Any] | None:
     need = view.memory_need if view is not None else None
     if not need:
         return None
@@ -133,7 +133,7 @@ def _memory(ctx: Router, view: ModelView | None) -> dict[str, Any] | None:
     }
 
 
-def model_item(ctx: Router, entry: ModelEntry, created: int, now: float) -> dict[str, Any]:
+def model_item(ctx: Troupe, entry: ModelEntry, created: int, now: float) -> dict[str, Any]:
     view = ctx.scheduler.snapshot.models.get(entry.name)
     status: dict[str, Any] = {
         "value": str(view.api_status) if view else "unloaded",
@@ -209,7 +209,7 @@ def download_item(view: DownloadView, created: int) -> dict[str, Any]:
     }
 
 
-async def settled_downloads(ctx: Router, within: float = 10.0) -> None:
+async def settled_downloads(ctx: Troupe, within: float = 10.0) -> None:
     """Wait (a little) for the reload that follows an ended download, so a ``GET /models``
     after ``download_finished`` lists the model under its new name, as upstream's
     implicit reload does. Only a wait: the reload itself is not this request's."""
@@ -221,7 +221,7 @@ async def settled_downloads(ctx: Router, within: float = 10.0) -> None:
         await ctx.scheduler.wait_until(settled)
 
 
-def models_list(ctx: Router, created: int, tenant: str = "") -> dict[str, Any]:
+def models_list(ctx: Troupe, created: int, tenant: str = "") -> dict[str, Any]:
     """The models ``tenant`` may use (its tenants file's ``models``; "": every one)."""
     now = trio.current_time()
     allows = ctx.tenants.current.allows

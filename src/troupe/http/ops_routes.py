@@ -10,18 +10,18 @@ import trio
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
 from troupe.api import dumps
+from troupe.assembly import Troupe
 from troupe.http.respond import send_error, send_stream
 from troupe.http.server.exchange import Exchange
 from troupe.http.views import filter_exposition, model_filter
 from troupe.ops.exposition import render_metrics
-from troupe.router import Router
 
 __all__ = ["logs_stream", "metrics"]
 
 _SSE_FIELDS = b"Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
 
 
-async def metrics(router: Router, ex: Exchange) -> None:
+async def metrics(router: Troupe, ex: Exchange) -> None:
     node = await router.cluster.name() if router.cluster is not None else None
     body = await render_metrics(
         router.scheduler,
@@ -42,7 +42,7 @@ def _sse(data: object, event: str | None = None) -> bytes:
     return head + b"data: " + dumps(data) + b"\n\n"
 
 
-async def logs_stream(router: Router, ex: Exchange) -> None:
+async def logs_stream(router: Troupe, ex: Exchange) -> None:
     """A model's log as SSE: its recent lines first, then each new one. Without
     ``?model=``, every model's. ``?lines=N`` limits the history, ``?no-history``
     (llama-swap) skips it. With a tenants file, an admin's only: children's logs speak

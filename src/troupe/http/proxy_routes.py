@@ -10,6 +10,7 @@ from urllib.parse import quote
 import trio
 
 from troupe.actors.scheduler import ModelUnavailable
+from troupe.assembly import Troupe
 from troupe.conversations import child_id
 from troupe.http import access
 from troupe.http.body_model import BadBody, model_from_body
@@ -23,7 +24,6 @@ from troupe.kvstore import cached_held, tokens_held
 from troupe.lease import NO_SLOT, Lease, autoload_flag
 from troupe.ops.access import read_usage
 from troupe.proxy.relay import ChildLost, RelayReport
-from troupe.router import Router
 from troupe.sched import Snapshot, Status
 
 __all__ = ["handle_proxy_get", "handle_proxy_post", "handle_stream_get"]
@@ -31,7 +31,7 @@ __all__ = ["handle_proxy_get", "handle_proxy_post", "handle_stream_get"]
 log = logging.getLogger("troupe.http")
 
 
-def _crash_detail(ctx: Router, model: str) -> Callable[[], Awaitable[str | None]]:
+def _crash_detail(ctx: Troupe, model: str) -> Callable[[], Awaitable[str | None]]:
     async def detail() -> str | None:
         # The connection broke; the scheduler learns why (exit code, log tail) a moment later.
         def gone(snapshot: Snapshot) -> bool:
@@ -69,7 +69,7 @@ async def _guarded(ex: Exchange, work: Callable[[], Awaitable[None]]) -> bool:
 
 
 async def _serve(
-    ctx: Router, ex: Exchange, name: str, *, update_last_used: bool, conv_id: str = ""
+    ctx: Troupe, ex: Exchange, name: str, *, update_last_used: bool, conv_id: str = ""
 ) -> None:
     rec, started = access.begin(ctx, ex, conv_id)
     rec.model = name
@@ -108,7 +108,7 @@ async def _serve(
 
 
 async def _relay_after_load(
-    ctx: Router, ex: Exchange, held: Lease, report: RelayReport, style: Style
+    ctx: Troupe, ex: Exchange, held: Lease, report: RelayReport, style: Style
 ) -> None:
     """The head at once and the load's progress while the lease waits, then the child's
     stream in the same response; a refusal after the head ends it with an error event
@@ -134,7 +134,7 @@ async def _relay_after_load(
             await herald.fail(exc.failure)
 
 
-async def _relay(ctx: Router, ex: Exchange | AfterHead, held: Lease, report: RelayReport) -> None:
+async def _relay(ctx: Troupe, ex: Exchange | AfterHead, held: Lease, report: RelayReport) -> None:
     grant = held.grant
     kv = ctx.kv if ex.method == "POST" else None  # the KV store steers POST bodies
     if kv is not None and kv.refuses(grant.model, ex.path):
@@ -158,7 +158,7 @@ async def _relay(ctx: Router, ex: Exchange | AfterHead, held: Lease, report: Rel
         read_usage(report.tail, held.record)  # the release reports them (fair queuing)
 
 
-async def handle_proxy_post(ctx: Router, ex: Exchange) -> None:
+async def handle_proxy_post(ctx: Troupe, ex: Exchange) -> None:
     try:
         name = await model_from_body(ex.body, ex.header(b"content-type"))
     except BadBody as exc:
@@ -176,13 +176,13 @@ async def handle_proxy_post(ctx: Router, ex: Exchange) -> None:
     await _serve(ctx, ex, name, update_last_used=True, conv_id=conv_id)
 
 
-async def handle_proxy_get(ctx: Router, ex: Exchange) -> None:
+async def handle_proxy_get(ctx: Troupe, ex: Exchange) -> None:
     name = ex.params.get("model", "")
     # GET does not count as use: a dashboard polling /slots must not keep a model warm.
     await _serve(ctx, ex, name, update_last_used=False)
 
 
-async def handle_stream_get(ctx: Router, ex: Exchange) -> None:
+async def handle_stream_get(ctx: Troupe, ex: Exchange) -> None:
     """``GET /v1/stream?conv_id=&from=``: replay from the child that owns the conversation,
     under a lease (the child cannot be evicted mid-replay), stopped if the client leaves."""
     params = ex.params

@@ -16,10 +16,10 @@ from functools import wraps
 from typing import Any
 
 from troupe.api import dumps
+from troupe.assembly import Troupe
 from troupe.http.errors import error_body, failure_body, status_of
 from troupe.http.routing import Handler
 from troupe.http.server.exchange import Exchange
-from troupe.router import Router
 from troupe.sched import Failure
 
 __all__ = [
@@ -90,7 +90,7 @@ def watched(handler: Handler) -> Handler:
     """``handler``, cancelled if the client goes away meanwhile."""
 
     @wraps(handler)
-    async def run(router: Router, ex: Exchange) -> None:
+    async def run(router: Troupe, ex: Exchange) -> None:
         await ex.until_client_leaves(lambda: handler(router, ex))
 
     return run

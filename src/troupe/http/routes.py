@@ -11,6 +11,7 @@ goes away cancels them.
 from __future__ import annotations
 
 from troupe.api import PROXY_GET_PATHS, PROXY_GET_WITH_MODEL, PROXY_POST_PATHS
+from troupe.assembly import Troupe
 from troupe.cluster.kvsync import KV_FETCH, KV_PATH
 from troupe.http import (
     activity_routes,
@@ -27,7 +28,6 @@ from troupe.http.proxy_routes import handle_proxy_get, handle_proxy_post, handle
 from troupe.http.respond import watched
 from troupe.http.routing import DASHBOARD, Handler, RouteTable, Under
 from troupe.http.server.exchange import Exchange
-from troupe.router import Router
 
 __all__ = ["ROUTES"]
 
@@ -35,7 +35,7 @@ __all__ = ["ROUTES"]
 def _child_with_model(router_own: Handler) -> Handler:
     """A GET the child answers when ``?model=`` names one, the router otherwise."""
 
-    async def handler(router: Router, ex: Exchange) -> None:
+    async def handler(router: Troupe, ex: Exchange) -> None:
         if ex.params.get("model"):
             await handle_proxy_get(router, ex)
         else:

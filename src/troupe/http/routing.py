@@ -12,12 +12,12 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import attrs
 
+from troupe.assembly import Troupe
 from troupe.http.server.exchange import Exchange
-from troupe.router import Router
 
 __all__ = ["DASHBOARD", "Handler", "RouteTable", "is_dashboard"]
 
-Handler = Callable[[Router, Exchange], Awaitable[None]]
+Handler = Callable[[Troupe, Exchange], Awaitable[None]]
 DASHBOARD = "/troupe"  # the dashboard's pages (troupe.http.dashboard), clear of the web UI's
 
 

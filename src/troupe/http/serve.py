@@ -13,6 +13,7 @@ import logging
 
 import trio
 
+from troupe.assembly import Troupe
 from troupe.http.front import Front
 from troupe.http.routes import ROUTES
 from troupe.http.routing import RouteTable
@@ -20,7 +21,6 @@ from troupe.http.server.config import ServerConfig
 from troupe.http.server.lifecycle import HttpServer
 from troupe.http.server.listen import open_listeners
 from troupe.http.upgrade import WebSocketDoor
-from troupe.router import Router
 from troupe.settings.router import RouterSettings
 
 __all__ = ["DRAIN_TIMEOUT", "serve_http", "server_config"]
@@ -46,7 +46,7 @@ def server_config(settings: RouterSettings) -> ServerConfig:
 
 
 async def serve_http(
-    router: Router,
+    router: Troupe,
     *,
     websocket: WebSocketDoor | None = None,
     routes: RouteTable = ROUTES,

@@ -16,6 +16,7 @@ import json
 import logging
 
 from troupe.actors.scheduler import ModelUnavailable
+from troupe.assembly import Troupe
 from troupe.http import access
 from troupe.http.errors import error_body
 from troupe.http.proxy_routes import handle_proxy_get
@@ -23,14 +24,13 @@ from troupe.http.respond import send_failure
 from troupe.http.server.exchange import Exchange
 from troupe.kvstore.engine_api import EngineCallFailed
 from troupe.lease import Lease, autoload_flag
-from troupe.router import Router
 
 __all__ = ["slots"]
 
 log = logging.getLogger("troupe.http")
 
 
-async def slots(ctx: Router, ex: Exchange) -> None:
+async def slots(ctx: Troupe, ex: Exchange) -> None:
     kv = ctx.kv
     if kv is None or not ctx.tenants.current.private:
         await handle_proxy_get(ctx, ex)  # one tenant: the engine's answer as it is

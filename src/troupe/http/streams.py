@@ -15,12 +15,12 @@ from urllib.parse import quote
 import trio
 
 from troupe.api import JSON_TYPE, dumps
+from troupe.assembly import Troupe
 from troupe.conversations import child_id, from_child_id
 from troupe.http.cluster_forward import ask_every_peer
 from troupe.http.keys import tenant_of
 from troupe.http.respond import local_body, send_error
 from troupe.http.server.exchange import Exchange
-from troupe.router import Router
 
 __all__ = ["LOOKUP_TIMEOUT", "stream_delete", "streams_lookup"]
 
@@ -29,7 +29,7 @@ _JSON = ((b"content-type", b"application/json"),)
 
 
 async def _lookup_in(
-    router: Router, model: str, ids: list[str], owner: str, found: list[Any]
+    router: Troupe, model: str, ids: list[str], owner: str, found: list[Any]
 ) -> None:
     async with router.scheduler.lease_if_ready(model) as grant:
         if grant is None:
@@ -56,7 +56,7 @@ def _as_client(item: dict[str, Any], owner: str) -> dict[str, Any]:
     return {**item, "conversation_id": from_child_id(cid, owner) or cid}
 
 
-async def streams_lookup(router: Router, ex: Exchange) -> None:
+async def streams_lookup(router: Troupe, ex: Exchange) -> None:
     raw = await local_body(ex)
     if raw is None:
         return
@@ -94,7 +94,7 @@ def _peer_items(answers: list[bytes]) -> list[Any]:
     return items
 
 
-async def stream_delete(router: Router, ex: Exchange) -> None:
+async def stream_delete(router: Troupe, ex: Exchange) -> None:
     conv_id = ex.params.get("conv_id", "")
     if not conv_id:
         await send_error(ex, "Missing conversation id in path", "invalid_request_error")

@@ -17,17 +17,17 @@ from collections.abc import Awaitable, Callable
 import trio
 import trio_websocket
 
+from troupe.assembly import Troupe
 from troupe.http.access import UPGRADE_CLIENT
 from troupe.http.errors import error_body
 from troupe.http.server.exchange import Exchange
 from troupe.http.server.parse import Request
-from troupe.router import Router
 
 __all__ = ["ReplayStream", "WebSocketDoor", "serve_upgrade"]
 
 HANDSHAKE_TIMEOUT = 10.0
 # What serves an accepted handshake: it accepts or rejects, then runs the connection.
-WebSocketDoor = Callable[[Router, trio_websocket.WebSocketRequest], Awaitable[None]]
+WebSocketDoor = Callable[[Troupe, trio_websocket.WebSocketRequest], Awaitable[None]]
 
 
 class ReplayStream(trio.abc.Stream):
@@ -82,7 +82,7 @@ def handshake_error(request: Request) -> str | None:
 
 
 async def serve_upgrade(
-    ctx: Router, door: WebSocketDoor, exchange: Exchange, stream: trio.abc.Stream, rest: bytes
+    ctx: Troupe, door: WebSocketDoor, exchange: Exchange, stream: trio.abc.Stream, rest: bytes
 ) -> None:
     """Hand the connection to trio-websocket and the request to ``door``."""
     problem = handshake_error(exchange.request)

@@ -15,10 +15,10 @@ import calendar
 import time
 from typing import Any
 
+from troupe.assembly import Troupe
 from troupe.http.keys import viewer_of
 from troupe.http.respond import send_error, send_json
 from troupe.http.server.exchange import Exchange
-from troupe.router import Router
 from troupe.tenants.budget import DAY, Quota, limited
 
 __all__ = ["usage"]
@@ -31,7 +31,7 @@ def _day(text: str) -> int | None:
         return None
 
 
-async def usage(router: Router, ex: Exchange) -> None:
+async def usage(router: Troupe, ex: Exchange) -> None:
     params = ex.params
     viewer = viewer_of(router.tenants.current, ex.request.key_name)
     asked = params.get("tenant", "")

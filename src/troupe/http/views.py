@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from troupe.router import Router
+from troupe.assembly import Troupe
 
 __all__ = ["filter_exposition", "model_filter"]
 
@@ -18,7 +18,7 @@ _MODEL = re.compile(rb'[{,]model="((?:[^"\\]|\\.)*)"')
 _TENANT = re.compile(rb'[{,]tenant="((?:[^"\\]|\\.)*)"')
 
 
-def model_filter(ctx: Router, key_name: str) -> Callable[[str], bool] | None:
+def model_filter(ctx: Troupe, key_name: str) -> Callable[[str], bool] | None:
     """Which models the request's key may see in an operator's view; None: every model
     (no tenants file, no key, or an admin)."""
     tenants = ctx.tenants.current

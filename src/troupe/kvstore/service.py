@@ -248,7 +248,7 @@ class KvService:
         self._live.discard(model)
 
     def forget_models(self, known: Iterable[str]) -> None:
-        """Models no longer in the catalogue lose their entries."""
+        """Models no longer in the catalog lose their entries."""
         if self.store is None:
             return
         known = set(known)

@@ -226,7 +226,7 @@ class KvStore:
 
     def drop_model(self, model: str, keep_ident: str | None = None) -> int:
         """Drop ``model``'s entries not of ``keep_ident`` (its files or arguments
-        changed, or it left the catalogue); returns how many."""
+        changed, or it left the catalog); returns how many."""
         stale = [e for e in self._entries.values() if e.model == model and e.ident != keep_ident]
         for e in stale:
             self.drop(e)

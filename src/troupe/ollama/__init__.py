@@ -1,4 +1,4 @@
-"""Ollama's HTTP API over troupe's catalogue and children (``/api/*``, ``GET /``).
+"""Ollama's HTTP API over troupe's catalog and children (``/api/*``, ``GET /``).
 
 Requests take the OpenAI routes' path (the same validation, queue, lease, API key,
 CORS and limits) and are translated to the child's ``/v1/chat/completions``,

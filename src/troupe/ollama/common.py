@@ -19,6 +19,7 @@ import trio
 
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.api import dumps
+from troupe.assembly import Troupe
 from troupe.catalog import ModelEntry
 from troupe.http.access import begin, finish
 from troupe.http.loading import Herald
@@ -29,7 +30,6 @@ from troupe.ollama.keepalive import BadKeepAlive, parse_keep_alive
 from troupe.ollama.names import resolve
 from troupe.ops.access import AccessRecord
 from troupe.proxy.relay import RelayReport
-from troupe.router import Router
 from troupe.sched import Failure, Grant
 
 __all__ = [
@@ -84,8 +84,8 @@ async def read_json(ex: Exchange) -> dict[str, Any] | None:
     return data
 
 
-async def model_entry(ctx: Router, ex: Exchange, req: Mapping[str, Any]) -> ModelEntry | None:
-    """The catalogue entry ``model`` (or the older ``name``) names; None once a 400 or
+async def model_entry(ctx: Troupe, ex: Exchange, req: Mapping[str, Any]) -> ModelEntry | None:
+    """The catalog entry ``model`` (or the older ``name``) names; None once a 400 or
     Ollama's 404 went out."""
     name = req.get("model") or req.get("name")
     if not isinstance(name, str) or not name:
@@ -98,12 +98,12 @@ async def model_entry(ctx: Router, ex: Exchange, req: Mapping[str, Any]) -> Mode
     return entry
 
 
-def may_use(ctx: Router, ex: Exchange, entry: ModelEntry) -> bool:
+def may_use(ctx: Troupe, ex: Exchange, entry: ModelEntry) -> bool:
     """Whether the request's key may use ``entry`` (its tenants file's ``models``)."""
     return ctx.tenants.current.allows(ex.request.key_name, (entry.name, *entry.aliases))
 
 
-def may_admin(ctx: Router, ex: Exchange) -> bool:
+def may_admin(ctx: Troupe, ex: Exchange) -> bool:
     """Whether the request's key may pull, delete, load and unload (``admin``)."""
     return ctx.tenants.current.may_admin(ex.request.key_name)
 
@@ -127,7 +127,7 @@ Leased = Callable[[Grant, float], Awaitable[None]]  # (the lease, seconds it wai
 
 
 async def lease(
-    ctx: Router,
+    ctx: Troupe,
     ex: Exchange,
     entry: ModelEntry,
     keep_alive: float | None,
@@ -145,7 +145,7 @@ async def lease(
     (`troupe.http.loading`), stopped before anything else is written. ``written``: whether
     the whole answer went out (a client that closes after it did not "go away")."""
     rec, began = begin(ctx, ex)
-    rec.model, rec.catalogued = entry.name, True
+    rec.model, rec.catalogd = entry.name, True
     left = False
     if keep_alive is not None and not may_admin(ctx, ex):
         keep_alive = None  # how long a shared model stays is not a tenant's to say

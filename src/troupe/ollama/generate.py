@@ -19,6 +19,7 @@ from typing import Any
 import trio
 
 from troupe.api import dumps
+from troupe.assembly import Troupe
 from troupe.catalog import ModelEntry
 from troupe.http.keys import tenant_of
 from troupe.http.loading import heralded, waits_for_load
@@ -47,7 +48,6 @@ from troupe.ops.access import AccessRecord
 from troupe.proxy.relay import RelayReport
 from troupe.proxy.upstream import UpstreamError, UpstreamResponse
 from troupe.realtime.translate import SSEDecoder
-from troupe.router import Router
 from troupe.sched import Grant
 
 __all__ = ["chat", "embed", "embeddings", "generate"]
@@ -58,7 +58,7 @@ CLOSE_GRACE = 2.0  # seconds to close a child's answer when the client is gone
 
 
 async def _post(
-    ctx: Router, ex: Exchange, grant: Grant, target: str, body: Any
+    ctx: Troupe, ex: Exchange, grant: Grant, target: str, body: Any
 ) -> UpstreamResponse:
     wire = dumps(body)
     return await ctx.relay.pool.request(grant, "POST", target, child_headers(ex, grant), wire)
@@ -73,12 +73,12 @@ async def _whole(upstream: UpstreamResponse) -> bytes:
     return b"".join([chunk async for chunk in upstream.chunks()])
 
 
-def _observe(ctx: Router, ex: Exchange, status: int) -> None:
+def _observe(ctx: Troupe, ex: Exchange, status: int) -> None:
     ctx.metrics.observe_relay(ex.path, status, len(ex.body), ex.sent)
 
 
 async def _answer(
-    ctx: Router, ex: Exchange, entry: ModelEntry, child: ChildRequest, *, chat: bool,
+    ctx: Troupe, ex: Exchange, entry: ModelEntry, child: ChildRequest, *, chat: bool,
     stream: bool, name: str, keep_alive: float | None,
 ) -> None:  # fmt: skip
     ignored = [k for k, v in child.ignored if not _as_started(entry, k, v)]
@@ -124,7 +124,7 @@ async def _answer(
 
 @asynccontextmanager
 async def _on_slot(
-    ctx: Router, ex: Exchange, grant: Grant, child: ChildRequest
+    ctx: Troupe, ex: Exchange, grant: Grant, child: ChildRequest
 ) -> AsyncIterator[Hold]:
     """Held on one of the child's slots while it runs, as an OpenAI request is
     (`troupe.kvstore`): a returning conversation finds its slot, or is restored."""
@@ -140,7 +140,7 @@ async def _on_slot(
 
 
 async def _relay(
-    ctx: Router, ex: Exchange, grant: Grant, target: str, body: dict[str, Any],
+    ctx: Troupe, ex: Exchange, grant: Grant, target: str, body: dict[str, Any],
     answer: Answer, stream: bool,
 ) -> None:  # fmt: skip
     status = 500
@@ -248,7 +248,7 @@ async def _send_lines(ex: Exchange, objects: list[dict[str, Any]]) -> None:
 
 
 async def _load_or_unload(
-    ctx: Router, ex: Exchange, entry: ModelEntry, *, chat: bool, name: str,
+    ctx: Troupe, ex: Exchange, entry: ModelEntry, *, chat: bool, name: str,
     keep_alive: float | None,
 ) -> None:  # fmt: skip
     """An empty prompt (or no messages): load the model, or unload it with keep_alive 0,
@@ -275,9 +275,9 @@ async def _load_or_unload(
 
 
 async def _model_request(
-    ctx: Router, ex: Exchange
+    ctx: Troupe, ex: Exchange
 ) -> tuple[dict[str, Any], ModelEntry, float | None] | None:
-    """The request's JSON, its catalogue entry and keep_alive; None once an error was sent."""
+    """The request's JSON, its catalog entry and keep_alive; None once an error was sent."""
     req = await read_json(ex)
     if req is None:
         return None
@@ -290,7 +290,7 @@ async def _model_request(
     return req, entry, keep_alive
 
 
-async def _generation(ctx: Router, ex: Exchange, *, chat: bool) -> None:
+async def _generation(ctx: Troupe, ex: Exchange, *, chat: bool) -> None:
     asked = await _model_request(ctx, ex)
     if asked is None:
         return
@@ -310,15 +310,15 @@ async def _generation(ctx: Router, ex: Exchange, *, chat: bool) -> None:
     await _answer(ctx, ex, entry, child, chat=chat, stream=stream, name=name, keep_alive=keep_alive)
 
 
-async def chat(ctx: Router, ex: Exchange) -> None:
+async def chat(ctx: Troupe, ex: Exchange) -> None:
     await _generation(ctx, ex, chat=True)
 
 
-async def generate(ctx: Router, ex: Exchange) -> None:
+async def generate(ctx: Troupe, ex: Exchange) -> None:
     await _generation(ctx, ex, chat=False)
 
 
-async def _embed(ctx: Router, ex: Exchange, key: str) -> None:
+async def _embed(ctx: Troupe, ex: Exchange, key: str) -> None:
     asked = await _model_request(ctx, ex)
     if asked is None:
         return
@@ -364,7 +364,7 @@ async def _embed(ctx: Router, ex: Exchange, key: str) -> None:
     await lease(ctx, ex, entry, keep_alive, work, tokens)
 
 
-async def _fetch_json(ctx: Router, ex: Exchange, grant: Grant, body: Any) -> tuple[int, Any]:
+async def _fetch_json(ctx: Troupe, ex: Exchange, grant: Grant, body: Any) -> tuple[int, Any]:
     """A whole JSON answer from the child's ``/v1/embeddings``: (200, the document), or
     (status, the error's message)."""
     try:
@@ -388,9 +388,9 @@ async def _fetch_json(ctx: Router, ex: Exchange, grant: Grant, body: Any) -> tup
         return 500, "unreadable answer from the model's server"
 
 
-async def embed(ctx: Router, ex: Exchange) -> None:
+async def embed(ctx: Troupe, ex: Exchange) -> None:
     await _embed(ctx, ex, "input")
 
 
-async def embeddings(ctx: Router, ex: Exchange) -> None:
+async def embeddings(ctx: Troupe, ex: Exchange) -> None:
     await _embed(ctx, ex, "prompt")

@@ -1,5 +1,5 @@
 """What ``/api/tags``, ``/api/show`` and ``/api/ps`` say about a model, from the
-catalogue entry, its GGUF header (read once per file version) and the scheduler's view.
+catalog entry, its GGUF header (read once per file version) and the scheduler's view.
 
 Ollama's ``digest`` is its manifest's sha256; troupe has no manifest, so the digest is
 the sha256 of the model file's identity (path, size, modification time): stable while
@@ -17,10 +17,10 @@ from typing import Any
 
 import trio
 
+from troupe.assembly import Troupe
 from troupe.catalog import ModelEntry
 from troupe.gguf import GGUFError, ModelFacts, read_header
 from troupe.ollama.names import listed_name
-from troupe.router import Router
 from troupe.sched import ModelView
 
 __all__ = ["capabilities", "chat_template", "ps_item", "show_json", "tags_item"]
@@ -34,7 +34,7 @@ def _rfc3339(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
-def _facts(ctx: Router, entry: ModelEntry) -> ModelFacts | None:
+def _facts(ctx: Troupe, entry: ModelEntry) -> ModelFacts | None:
     found = ctx.facts.facts(entry.model_path)
     return found if isinstance(found, ModelFacts) else None
 
@@ -82,7 +82,7 @@ def _details(facts: ModelFacts | None) -> Json:
     }
 
 
-def tags_item(ctx: Router, entry: ModelEntry) -> Json:
+def tags_item(ctx: Troupe, entry: ModelEntry) -> Json:
     size, mtime = _file(entry)
     name = listed_name(entry)
     return {
@@ -103,7 +103,7 @@ def _flag(entry: ModelEntry, *spellings: str) -> bool:
     return False
 
 
-def chat_template(ctx: Router, entry: ModelEntry) -> str | None:
+def chat_template(ctx: Troupe, entry: ModelEntry) -> str | None:
     """The chat template the child uses: its preset's ``chat-template-file``, else the
     GGUF's own (a header read: call it in a thread)."""
     path = entry.preset.get_spelling("--chat-template-file")
@@ -119,7 +119,7 @@ def chat_template(ctx: Router, entry: ModelEntry) -> str | None:
 
 
 def capabilities(
-    ctx: Router, entry: ModelEntry, view: ModelView | None, template: str | None
+    ctx: Troupe, entry: ModelEntry, view: ModelView | None, template: str | None
 ) -> list[str]:
     """Ollama's capabilities: completion or embedding, tools (the chat template handles
     them), vision (a projector), thinking (the template reasons)."""
@@ -167,7 +167,7 @@ def _model_info(facts: ModelFacts | None) -> Json:
     return info
 
 
-def show_json(ctx: Router, entry: ModelEntry, template: str | None) -> Json:
+def show_json(ctx: Troupe, entry: ModelEntry, template: str | None) -> Json:
     view = ctx.scheduler.snapshot.models.get(entry.name)
     facts = _facts(ctx, entry)
     _, mtime = _file(entry)
@@ -200,7 +200,7 @@ def _expires_at(view: ModelView) -> str:
     return _rfc3339(time.time() + max(0.0, left))
 
 
-def ps_item(ctx: Router, entry: ModelEntry, view: ModelView) -> Json:
+def ps_item(ctx: Troupe, entry: ModelEntry, view: ModelView) -> Json:
     size, mtime = _file(entry)
     memory = view.memory_reserved or view.memory_used or view.memory_need
     held = sum(memory.values()) if memory else size

@@ -1,4 +1,4 @@
-"""Ollama's model routes over troupe's catalogue: list, show, running, pull, delete;
+"""Ollama's model routes over troupe's catalog: list, show, running, pull, delete;
 the version and the root probe; the routes troupe cannot honour."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import trio
 
 from troupe.actors.scheduler import ModelUnavailable
 from troupe.api import dumps
+from troupe.assembly import Troupe
 from troupe.catalog.hfcache import split_repo_tag
 from troupe.errors import ConfigError
 from troupe.http.models_json import settled_downloads
@@ -27,7 +28,6 @@ from troupe.ollama.common import (
 )
 from troupe.ollama.info import chat_template, ps_item, show_json, tags_item
 from troupe.ollama.names import hub_name, resolve
-from troupe.router import Router
 from troupe.sched import Status
 
 __all__ = [
@@ -49,20 +49,20 @@ OLLAMA_VERSION = "0.12.6"
 _RUNNING = b"Ollama is running"
 
 
-async def root(ctx: Router, ex: Exchange) -> None:
+async def root(ctx: Troupe, ex: Exchange) -> None:
     await ex.respond(200, _RUNNING, "text/plain; charset=utf-8")
 
 
-async def version(ctx: Router, ex: Exchange) -> None:
+async def version(ctx: Troupe, ex: Exchange) -> None:
     await ex.respond(200, dumps({"version": OLLAMA_VERSION}))
 
 
-async def tags(ctx: Router, ex: Exchange) -> None:
+async def tags(ctx: Troupe, ex: Exchange) -> None:
     models = [tags_item(ctx, e) for e in ctx.catalog.visible() if may_use(ctx, ex, e)]
     await ex.respond(200, dumps({"models": models}))
 
 
-async def ps(ctx: Router, ex: Exchange) -> None:
+async def ps(ctx: Troupe, ex: Exchange) -> None:
     snapshot = ctx.scheduler.snapshot
     out = []
     for entry in ctx.catalog:
@@ -72,7 +72,7 @@ async def ps(ctx: Router, ex: Exchange) -> None:
     await ex.respond(200, dumps({"models": out}))
 
 
-async def show(ctx: Router, ex: Exchange) -> None:
+async def show(ctx: Troupe, ex: Exchange) -> None:
     req = await read_json(ex)
     if req is None:
         return
@@ -82,7 +82,7 @@ async def show(ctx: Router, ex: Exchange) -> None:
         await ex.respond(200, dumps(show_json(ctx, entry, template)))
 
 
-async def delete(ctx: Router, ex: Exchange) -> None:
+async def delete(ctx: Troupe, ex: Exchange) -> None:
     """``DELETE /api/delete``: a Hugging Face cache model's files (troupe's
     ``DELETE /models``); models from a models directory or a preset are the operator's."""
     req = await read_json(ex)
@@ -124,7 +124,7 @@ def _progress_lines(name: str, event: dict[str, Any], seen: dict[str, int]) -> l
     return out
 
 
-async def pull(ctx: Router, ex: Exchange) -> None:
+async def pull(ctx: Troupe, ex: Exchange) -> None:
     """``POST /api/pull``: troupe's download (``org/repo[:TAG]`` from the Hugging Face
     hub, resumed, size- and sha256-checked), its progress in Ollama's shape. A pull of a
     name already downloading follows that download; the download goes on if the client
@@ -182,7 +182,7 @@ async def pull(ctx: Router, ex: Exchange) -> None:
 
 
 async def _follow(
-    ctx: Router, name: str, events: trio.MemoryReceiveChannel[dict[str, Any]]
+    ctx: Troupe, name: str, events: trio.MemoryReceiveChannel[dict[str, Any]]
 ) -> AsyncIterator[dict[str, Any]]:
     yield {"status": "pulling manifest"}
     seen: dict[str, int] = {}
@@ -215,7 +215,7 @@ async def _finish(ex: Exchange, stream: bool, lines: list[dict[str, Any]]) -> No
 def unsupported(why: str) -> Any:
     """A route Ollama has and troupe cannot honour: Ollama's error shape, and why."""
 
-    async def handler(ctx: Router, ex: Exchange) -> None:
+    async def handler(ctx: Troupe, ex: Exchange) -> None:
         await send_error(ex, 501, why)
 
     return handler

@@ -1,7 +1,7 @@
-"""Ollama's ``name:tag`` over troupe's catalogue.
+"""Ollama's ``name:tag`` over troupe's catalog.
 
 Ollama names a model ``[namespace/]model[:tag]``, the tag ``latest`` when none is
-given. troupe's catalogue has names (``gemma-3-270m``; ``org/repo:TAG`` for a
+given. troupe's catalog has names (``gemma-3-270m``; ``org/repo:TAG`` for a
 Hugging Face cache model), aliases and tags. A name asked for is looked up in turn:
 as given (a name or an alias); without ``:latest``; as ``name:TAG`` where ``TAG``
 is one of that entry's tags; ``org/repo`` (or ``org/repo:latest``) as the one cache

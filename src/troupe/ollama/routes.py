@@ -16,7 +16,7 @@ from troupe.ollama import generate, models
 __all__ = ["OLLAMA_ROUTES", "OLLAMA_UNDER"]
 
 _CREATE = (
-    "troupe cannot create models: it serves GGUF files from its catalogue (a models "
+    "troupe cannot create models: it serves GGUF files from its catalog (a models "
     "directory, presets, the Hugging Face cache); put the file there, or set the "
     "parameters in the model's preset"
 )

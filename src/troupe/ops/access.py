@@ -78,7 +78,7 @@ class AccessRecord:
     bytes_in: int = 0
     bytes_out: int = 0
     stream: bool = False
-    catalogued: bool = False  # ``model`` is the catalogue's name (else what was asked)
+    catalogd: bool = False  # ``model`` is the catalog's name (else what was asked)
     conversation: str | None = None
     error: str | None = None  # why it failed, when it did
     kind: str = "proxied"  # proxied (to a child), local (the router's own), realtime

@@ -49,7 +49,7 @@ WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300
 REQUEST_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 TTFT_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 SPEED_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
-OTHER_MODEL = "-"  # a request that named no model of the catalogue (bounded labels)
+OTHER_MODEL = "-"  # a request that named no model of the catalog (bounded labels)
 SWAP_WINDOW = 60.0  # seconds: troupe_swaps_per_minute counts the swaps in this window
 _KNOWN_ROUTES = PROXY_POST_PATHS | PROXY_GET_PATHS | {"/props", "/metrics", "/v1/stream"}
 # The Ollama API's routes that reach a child (troupe.ollama), counted like the others.
@@ -97,7 +97,7 @@ class RouterMetrics:
         self.stops = Counter(
             "troupe_model_stops",
             "Every stop of a child troupe asked for, by reason: the evictions' (lru, memory, "
-            "drain, ttl), unload, reload (preset changed), dropped (from the catalogue), "
+            "drain, ttl), unload, reload (preset changed), dropped (from the catalog), "
             "remove (DELETE /models), shutdown",
             ["model", "reason"],
             registry=reg,
@@ -272,7 +272,7 @@ class RouterMetrics:
 
     def observe_request(self, rec: AccessRecord) -> None:
         """One proxied request, as it ends (`troupe.ops.access.RequestLog`'s listener)."""
-        model = rec.model if rec.catalogued else OTHER_MODEL
+        model = rec.model if rec.catalogd else OTHER_MODEL
         key = (model, rec.route, rec.status)
         series = self._series.get(key)
         if series is None:  # the label set's histograms, found once

@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl
 import trio
 
 from troupe.api import JSON_TYPE, strip_prefix
+from troupe.assembly import Troupe
 from troupe.catalog import ModelEntry
 from troupe.http import access
 from troupe.http.errors import NOT_FOUND_BODY, failure_body, middleware_error_body
@@ -29,7 +30,6 @@ from troupe.realtime.config import SessionConfig
 from troupe.realtime.events import RealtimeError
 from troupe.realtime.lease import ChildCall
 from troupe.realtime.session import Connection, Keepalive, Limits, Session, SessionModel
-from troupe.router import Router
 from troupe.sched import Failure
 
 __all__ = ["REALTIME_PATHS", "WebSocketRequest", "serve_realtime"]
@@ -82,8 +82,8 @@ def client_key(request: WebSocketRequest) -> str | None:
     return None
 
 
-def model_modalities(ctx: Router, entry: ModelEntry) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The catalogue's modalities, replaced by what the child reported once loaded."""
+def model_modalities(ctx: Troupe, entry: ModelEntry) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The catalog's modalities, replaced by what the child reported once loaded."""
     arch = architecture_of(entry, ctx.scheduler.snapshot.models.get(entry.name))
     return tuple(arch["input_modalities"]), tuple(arch["output_modalities"])
 
@@ -101,7 +101,7 @@ async def _ping(conn: Connection) -> None:
         await ping()
 
 
-async def serve_realtime(ctx: Router, request: WebSocketRequest) -> None:
+async def serve_realtime(ctx: Troupe, request: WebSocketRequest) -> None:
     """Serve one WebSocket upgrade: refuse it as HTTP, or run a realtime session; either
     way one access record (kind "realtime") when it ends."""
     started = trio.current_time()
@@ -112,7 +112,7 @@ async def serve_realtime(ctx: Router, request: WebSocketRequest) -> None:
         access.finish_realtime(ctx, rec, started)
 
 
-async def _serve(ctx: Router, request: WebSocketRequest, rec: AccessRecord) -> None:
+async def _serve(ctx: Troupe, request: WebSocketRequest, rec: AccessRecord) -> None:
     path, _, query = request.path.partition("?")
     params: dict[str, str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True):
@@ -153,7 +153,7 @@ async def _serve(ctx: Router, request: WebSocketRequest, rec: AccessRecord) -> N
         await reject(checked.status, checked.message, failure_body(checked), retry_after(checked))
         return
     entry = checked
-    rec.model, rec.catalogued = entry.name, True
+    rec.model, rec.catalogd = entry.name, True
     subprotocol = "realtime" if "realtime" in request.proposed_subprotocols else None
     conn = await request.accept(subprotocol=subprotocol)
     rec.status = 101

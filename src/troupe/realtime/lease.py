@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from troupe.assembly import Troupe
 from troupe.lease import Lease
 from troupe.proxy.upstream import UpstreamResponse
 from troupe.realtime.events import new_id
-from troupe.router import Router
 
 __all__ = ["ChildCall"]
 
@@ -25,7 +25,7 @@ CLOSE_GRACE = 2.0  # seconds to close a child's answer when the caller is gone
 
 class ChildCall:
     def __init__(
-        self, ctx: Router, model: str, autoload: bool, api_key: str | None, tenant: str = ""
+        self, ctx: Troupe, model: str, autoload: bool, api_key: str | None, tenant: str = ""
     ) -> None:
         self.ctx = ctx
         self.tenant = tenant  # whose session it is (`troupe.http.keys.tenant_of`)

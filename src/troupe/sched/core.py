@@ -10,7 +10,7 @@ The core is a composition of small parts, each owning its own state:
 - `ChildReports` (child_reports.py): what a child's news does to its model;
 - `LoadGate` (gate.py): may a model load now (slots, `MemoryAdmission`, `Projections`);
 - `DrainClock` (drain.py): fair admission's timer and swap count;
-- `CatalogueChanges` (reloads.py): reloads and removals under way; `Shutdown`;
+- `CatalogChanges` (reloads.py): reloads and removals under way; `Shutdown`;
 - `Settler` (settle.py): after each event, the settle rules (rules/, in `RULES` order):
   who is answered, who loads, who goes, and why a request waits.
 """
@@ -36,7 +36,7 @@ from troupe.sched.placement import Placement
 from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
 from troupe.sched.reasons import StopCause, StopReason
-from troupe.sched.reloads import CatalogueChanges
+from troupe.sched.reloads import CatalogChanges
 from troupe.sched.requests import DirectLoad, Requests, Waiter
 from troupe.sched.settle import FAKE_TIMING_DELAY, Limits, Settler
 from troupe.sched.shutdown import Shutdown, queue_full
@@ -68,7 +68,7 @@ class SchedulerCore:
         self.table = ModelTable(models)
         self.queue = AdmissionQueue()
         self.requests = Requests()
-        self.changes = CatalogueChanges()
+        self.changes = CatalogChanges()
         self.outbox = Outbox()
         # A queued model that gets no slot because every loaded model is busy waits at
         # most ``drain_after`` before the busy one with the least demand is drained for
@@ -403,10 +403,10 @@ class SchedulerCore:
         self._settle(now)
         return self._flush()
 
-    def drain(self, now: float) -> list[Effect]:
+    def begin_shutdown(self, now: float) -> list[Effect]:
         """Shutdown begins: requests holding a lease finish, nothing else starts (see
-        `Shutdown.drain`); loaded children stay up until `stop_all`."""
-        self.shutdown.drain(now)
+        `Shutdown.begin`); loaded children stay up until `stop_all`."""
+        self.shutdown.begin(now)
         self._settle(now)
         return self._flush()
 
@@ -414,7 +414,7 @@ class SchedulerCore:
         """A reload (as upstream's): loads wait, the running models that ``models`` drops or whose
         `RestartKey` changed are stopped, and once none of them runs ``models`` becomes the
         table and ``rid`` is answered. A reload asked for meanwhile is folded in: its
-        catalogue, read later, wins, and both are answered together."""
+        catalog, read later, wins, and both are answered together."""
         models = tuple(models)
         fresh = {c.name: c for c in models}
         restart = [

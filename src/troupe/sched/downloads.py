@@ -69,7 +69,7 @@ class DownloadView:
     job: int
     status: Status  # DOWNLOADING or DOWNLOADED
     progress: Mapping[str, tuple[int, int]]  # url -> (done, total)
-    listed: str | None = None  # finished: the name the catalogue lists it under
+    listed: str | None = None  # finished: the name the catalog lists it under
     error: str | None = None  # failed: why
     error_status: int = 0  # failed: the hub's HTTP status, if it refused
     cancelled: bool = False

@@ -126,7 +126,7 @@ class Emit:
 
 @attrs.frozen
 class Reloaded:
-    """The catalogue of reload ``rid`` is now the model table: swap it in before anything
+    """The catalog of reload ``rid`` is now the model table: swap it in before anything
     that follows (a Spawn reads the new command lines). ``rids``: every reload it answers
     (a reload asked for while one was under way is folded into it)."""
 

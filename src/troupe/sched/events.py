@@ -17,7 +17,7 @@ from troupe.sched.reasons import StopCause
 from troupe.sched.status import Status
 
 __all__ = [
-    "CatalogueReloaded",
+    "CatalogReloaded",
     "ChildExited",
     "DownloadEnded",
     "DownloadProgressed",
@@ -167,8 +167,8 @@ class ProjectionFailed:
 
 
 @attrs.frozen
-class CatalogueReloaded:
-    """A reload's catalogue is now the model table (about every model: ``*``)."""
+class CatalogReloaded:
+    """A reload's catalog is now the model table (about every model: ``*``)."""
 
     model: str = "*"
 
@@ -225,7 +225,7 @@ SchedulerEvent = (
     | MemoryWarning
     | MemoryProjected
     | ProjectionFailed
-    | CatalogueReloaded
+    | CatalogReloaded
     | ModelRemoved
     | DownloadProgressed
     | DownloadEnded

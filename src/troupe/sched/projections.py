@@ -1,6 +1,6 @@
 """The engine's own memory projections, as the core uses them: which model is measured
 next (one engine process at a time), and the best figure admission counts before a
-model runs (the projection for its command line, else the catalogue's estimate)."""
+model runs (the projection for its command line, else the catalog's estimate)."""
 
 from __future__ import annotations
 

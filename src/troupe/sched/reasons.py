@@ -23,7 +23,7 @@ class StopReason(enum.StrEnum):
     REPLAN = "replan"  # started again on a narrower CPU lane, beside a model that needs one
     UNLOAD = "unload"  # POST /models/unload
     RELOAD = "reload"  # a reload changed its preset
-    DROPPED = "dropped"  # a reload dropped it from the catalogue
+    DROPPED = "dropped"  # a reload dropped it from the catalog
     REMOVE = "remove"  # DELETE /models
     SHUTDOWN = "shutdown"
 
@@ -54,7 +54,7 @@ _WORDS = {
     StopReason.KEEP_ALIVE: "unload asked by a client (keep_alive)",
     StopReason.UNLOAD: "unload request",
     StopReason.RELOAD: "preset changed",
-    StopReason.DROPPED: "removed from the catalogue",
+    StopReason.DROPPED: "removed from the catalog",
     StopReason.REMOVE: "removed",
     StopReason.SHUTDOWN: "shutdown",
 }

@@ -1,4 +1,4 @@
-"""Catalogue changes under way: a reload waiting for the models it stops, and removals
+"""Catalog changes under way: a reload waiting for the models it stops, and removals
 (``DELETE /models``) waiting for their child to be gone."""
 
 from __future__ import annotations
@@ -9,21 +9,21 @@ import attrs
 
 from troupe.sched.table import ModelConfig
 
-__all__ = ["CatalogueChanges", "PendingReload"]
+__all__ = ["CatalogChanges", "PendingReload"]
 
 
 @attrs.define
 class PendingReload:
     """A reload under way: loads wait until every model in ``restart`` is gone."""
 
-    rid: int  # the latest reload: its catalogue wins
+    rid: int  # the latest reload: its catalog wins
     rids: list[int]
     restart: set[str]
     models: tuple[ModelConfig, ...]
 
 
 @attrs.define
-class CatalogueChanges:
+class CatalogChanges:
     reload: PendingReload | None = None
     removals: dict[int, str] = attrs.field(factory=dict)  # rid -> model
 
@@ -34,7 +34,7 @@ class CatalogueChanges:
     def fold(
         self, rid: int, restart: Iterable[str], models: Iterable[ModelConfig]
     ) -> PendingReload:
-        """A reload asked for while one is under way joins it: its catalogue (read later)
+        """A reload asked for while one is under way joins it: its catalog (read later)
         wins, and both are answered together."""
         names = set(restart)
         if self.reload is None:

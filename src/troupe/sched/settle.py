@@ -18,7 +18,7 @@ from troupe.sched.outbox import Outbox
 from troupe.sched.placement import Placement
 from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
-from troupe.sched.reloads import CatalogueChanges
+from troupe.sched.reloads import CatalogChanges
 from troupe.sched.requests import Requests
 from troupe.sched.rules import RULES, Parts, start_drain
 from troupe.sched.table import ModelState, ModelTable
@@ -34,7 +34,7 @@ class Settler:
         table: ModelTable,
         queue: AdmissionQueue,
         requests: Requests,
-        changes: CatalogueChanges,
+        changes: CatalogChanges,
         children: Children,
         crashes: CrashRecord,
         clock: DrainClock,

@@ -37,7 +37,7 @@ class Shutdown:
         self._projections = projections
         self._out = outbox
 
-    def drain(self, now: float) -> None:
+    def begin(self, now: float) -> None:
         """Shutdown begins: requests holding a lease finish, nothing else starts. Every
         waiter and parked load is answered at once, and loads under way are killed (no
         one waits for them)."""

@@ -46,7 +46,7 @@ class RestartKey:
 
 @attrs.frozen
 class ModelConfig:
-    """What the catalogue tells the scheduler about one model."""
+    """What the catalog tells the scheduler about one model."""
 
     name: str
     pin: bool = False  # never evicted (still counts toward --models-max)
@@ -294,7 +294,7 @@ class ModelTable:
         self._retiring.add(name)
 
     def keep(self, name: str) -> None:
-        """A retiring model is back in the catalogue: it stays once its child is gone."""
+        """A retiring model is back in the catalog: it stays once its child is gone."""
         self._retiring.discard(name)
 
     def retiring(self, name: str) -> bool:

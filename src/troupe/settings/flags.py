@@ -1,6 +1,6 @@
 """llama.cpp's boolean option values (``common_arg_utils``): what reads as on, what as off.
 
-Shared by the catalogue (presets) and the hardware estimate, which both read option
+Shared by the catalog (presets) and the hardware estimate, which both read option
 values the way the engine will."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each setting is declared in ``troupe.settings.table`` (flag, environment name, c
 parser, default, help); here they are read into `RouterSettings`. Precedence, as
 upstream: built-in default < config file < environment (``LLAMA_ARG_*``) < command line.
 The router flags are llama-server options too, so they also stay in the base preset that
-is forwarded to children; the catalogue strips the reserved ones.
+is forwarded to children; the catalog strips the reserved ones.
 """
 
 from __future__ import annotations

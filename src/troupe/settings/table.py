@@ -11,7 +11,7 @@ the config file's keys and their types (``troupe.settings.config_file``), ``trou
 
 Two kinds: llama-server's router flags (``own=False``: the engine's own ``--help`` is
 authoritative for their spellings; they also stay in the base preset forwarded to
-children, which the catalogue strips of the reserved ones), and troupe's own (never
+children, which the catalog strips of the reserved ones), and troupe's own (never
 forwarded: llama-server would reject them). A parser gets the raw text (from the command
 line, the environment, the config file, or the default) and names the flag, or where the
 value came from, in its error.

@@ -61,7 +61,7 @@ class Record(Protocol):
     time: float
     tenant: str
     model: str
-    catalogued: bool
+    catalogd: bool
     status: int
     prompt_tokens: int | None
     completion_tokens: int | None
@@ -209,7 +209,7 @@ class Accounts:
         if pending is not None:
             known = prompt is not None or completion is not None
             self.settle(pending[1], (prompt or 0) + (completion or 0) if known else None)
-        if rec.catalogued and rec.status != 429:
+        if rec.catalogd and rec.status != 429:
             self.usage.add(
                 rec.tenant, int(rec.time // DAY), rec.model, prompt or 0, completion or 0
             )

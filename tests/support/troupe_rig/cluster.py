@@ -81,7 +81,7 @@ class ClusterStack:
     nodes: list[Node]
     directory: Path
     socket: Path  # HAProxy's runtime API
-    models: dict[str, list[str]]  # model -> the node names whose catalogue has it
+    models: dict[str, list[str]]  # model -> the node names whose catalog has it
     nursery: trio.Nursery
     node_args: list[str]
     check_interval: str
@@ -112,13 +112,13 @@ class ClusterStack:
     def nodes_file(self) -> Path:
         return self.directory / "nodes.txt"
 
-    def new_node(self, catalogue: Path) -> Node:
-        """A node (not started) with ``catalogue`` as its models directory."""
+    def new_node(self, catalog: Path) -> Node:
+        """A node (not started) with ``catalog`` as its models directory."""
         node = Node(
             f"n{len(self.nodes) + 1}",
             [
                 "--models-dir",
-                str(catalogue),
+                str(catalog),
                 "--cluster-nodes",
                 str(self.nodes_file),
                 # A port of its own that it keeps across restarts: the balancer's
@@ -130,7 +130,7 @@ class ClusterStack:
             self.directory / f"state{len(self.nodes) + 1}",
         )
         self.nodes.append(node)
-        for path in sorted(catalogue.glob("*.gguf")):
+        for path in sorted(catalog.glob("*.gguf")):
             self.models.setdefault(path.stem, []).append(node.name)
         return node
 
@@ -163,11 +163,11 @@ class ClusterStack:
         return next(n for n in self.nodes if n.name == name)
 
     def models_of(self, node: Node) -> list[str]:
-        """The models in ``node``'s catalogue."""
+        """The models in ``node``'s catalog."""
         return sorted(m for m, on in self.models.items() if node.name in on)
 
     def order(self, model: str) -> list[Node]:
-        """The nodes for ``model``, home first: troupe's placement, over the catalogues
+        """The nodes for ``model``, home first: troupe's placement, over the catalogs
         this rig gave the nodes."""
         facts = []
         for node in self.nodes:
@@ -321,7 +321,7 @@ def render(
 @contextlib.asynccontextmanager
 async def open_cluster(
     directory: Path,
-    catalogues: Sequence[Path],
+    catalogs: Sequence[Path],
     args: Sequence[str] = (),
     *,
     haproxy: Path = HAPROXY,
@@ -331,7 +331,7 @@ async def open_cluster(
     env: dict[str, str] | None = None,
     render_args: Sequence[str] = (),
 ) -> AsyncIterator[ClusterStack]:
-    """A node per models directory in ``catalogues`` (each with ``args``), HAProxy in
+    """A node per models directory in ``catalogs`` (each with ``args``), HAProxy in
     front; everything stopped when the block ends."""
     directory.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (before anything runs)
     (directory / "nodes.txt").write_text("")
@@ -345,8 +345,8 @@ async def open_cluster(
             stack.env.update(env or {})
             stack.render_args += render_args
             try:
-                for catalogue in catalogues:
-                    await stack.start(stack.new_node(catalogue))
+                for catalog in catalogs:
+                    await stack.start(stack.new_node(catalog))
                 stack.write_nodes()
                 stack.port = free_port()
                 await stack.render()

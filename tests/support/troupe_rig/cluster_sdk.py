@@ -33,7 +33,7 @@ __all__ = [
     "stream",
     "stream_to_end",
     "stream_until_cut",
-    "write_catalogues",
+    "write_catalogs",
 ]
 
 LONG = 200_000  # bytes of message: past HAProxy's 16 KB
@@ -47,7 +47,7 @@ def tiny(name: str, seed: int) -> TinyModel:
     return TinyModel(name, seed=seed, n_ctx=CTX, run_char="x", run_max=1024)
 
 
-def write_catalogues(directory: Path) -> list[Path]:
+def write_catalogs(directory: Path) -> list[Path]:
     """The three nodes' models directories: the full one twice, then the partial one."""
     full, partial = directory / "full", directory / "partial"
     write_tiny_models(full, [tiny(n, i) for i, n in enumerate(NAMES)])
@@ -60,7 +60,7 @@ def write_catalogues(directory: Path) -> list[Path]:
 @asynccontextmanager
 async def cluster(
     tmp_path: Path,
-    catalogues: list[Path],
+    catalogs: list[Path],
     haproxy_path: Path,
     maxconn: int = 8,
     tag_var: str | None = None,
@@ -69,7 +69,7 @@ async def cluster(
     args = ["--models-max", "2", "--ctx-size", str(CTX), *extra]
     async with open_cluster(
         tmp_path / "cluster",
-        catalogues,
+        catalogs,
         args,
         haproxy=haproxy_path,
         maxconn=maxconn,

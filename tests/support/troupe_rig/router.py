@@ -16,10 +16,10 @@ import attrs
 import httpx
 import trio
 
+from troupe.assembly import Troupe, build_troupe
 from troupe.child.ledger import PidLedger
 from troupe.engine import probe_engine
 from troupe.prepare import split_troupe_flags
-from troupe.router import Router, build_router
 from troupe.sched import Snapshot, Status
 from troupe.service import serve_router, shutdown
 from troupe.settings.argv import parse_engine_args
@@ -32,7 +32,7 @@ __all__ = ["RouterFactory", "RunningRouter", "open_router", "write_preset"]
 
 @attrs.frozen
 class RunningRouter:
-    ctx: Router
+    ctx: Troupe
     url: str  # e.g. "http://127.0.0.1:40123"
 
     def client(self, **kwargs: object) -> httpx.AsyncClient:
@@ -84,7 +84,7 @@ async def open_router(
     settings = build_settings(table, parse_engine_args(rest, table), own, env)
     ledger = PidLedger(state_dir)
     guard_state_dir(state_dir)  # its children are killed if this process dies
-    ctx = build_router(settings, probe_engine(engine, "test"), table, ledger, env, cwd)
+    ctx = build_troupe(settings, probe_engine(engine, "test"), table, ledger, env, cwd)
     try:
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(serve_router, ctx)

@@ -1,5 +1,5 @@
-"""Fixtures for the catalogue tests: the real option table (from a --help snapshot),
-HF cache trees, and a one-call catalogue builder."""
+"""Fixtures for the catalog tests: the real option table (from a --help snapshot),
+HF cache trees, and a one-call catalog builder."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Building the catalogue: sources, precedence, aliases, hidden entries, startup check."""
+"""Building the catalog: sources, precedence, aliases, hidden entries, startup check."""
 
 from __future__ import annotations
 
@@ -394,7 +394,7 @@ def test_errors_from_sources(tmp_path: Path, build: BuildFn) -> None:
         build(models_dir="gone")
 
 
-def test_empty_catalogue(build: BuildFn) -> None:
+def test_empty_catalog(build: BuildFn) -> None:
     cat = build()
     assert len(cat) == 0
     assert cat.names == ()
@@ -420,7 +420,7 @@ def test_a_preset_whose_model_file_is_missing_is_warned_about_at_start(
     )
 
 
-def test_an_empty_catalogue_starts_with_a_warning_as_upstream(build: BuildFn) -> None:
+def test_an_empty_catalog_starts_with_a_warning_as_upstream(build: BuildFn) -> None:
     cat = build()
     assert len(cat) == 0
     (warning,) = cat.warnings

@@ -1,5 +1,5 @@
 """Checks against the real llama-server: the --help snapshot, and a live router's
-GET /models for the same sources compared entry by entry with the catalogue."""
+GET /models for the same sources compared entry by entry with the catalog."""
 
 from __future__ import annotations
 
@@ -55,9 +55,7 @@ def _get_models(port: int, proc: subprocess.Popen[bytes]) -> list[dict[str, obje
             time.sleep(0.1)
 
 
-def test_router_models_match_the_catalogue(
-    engine: Path, tmp_path: Path, table: OptionTable
-) -> None:
+def test_router_models_match_the_catalog(engine: Path, tmp_path: Path, table: OptionTable) -> None:
     cache = tmp_path / "cache"
     add_repo(cache, "org/repo", ["sub/repo-Q4_K_M.gguf", "repo.f16.gguf", "mmproj-F16.gguf"])
     add_repo(cache, "org/dup", ["dup-Q8_0.gguf"])

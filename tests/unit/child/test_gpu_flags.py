@@ -8,6 +8,7 @@ from pathlib import Path
 
 import attrs
 
+from troupe.assembly import gpu_ids
 from troupe.child.argcheck import engine_refusal
 from troupe.child.gpu_flags import gpu_flags, gpu_request
 from troupe.engine import Engine
@@ -16,7 +17,6 @@ from troupe.hardware.gpu_ids import engine_gpu_ids
 from troupe.hardware.host import HostMemory
 from troupe.hardware.listdevices import ListedDevice
 from troupe.hardware.nvml import GpuDevice, GpuReport
-from troupe.router import gpu_ids
 from troupe.sched.devices import GpuPlan, GpuRequest
 from troupe.settings.router import RouterSettings
 

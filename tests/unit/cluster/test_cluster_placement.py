@@ -20,7 +20,7 @@ def _doc(*models: str | tuple[str, str], red: tuple[str, ...] = ()) -> dict[str,
     return {"data": data, "object": "list"}
 
 
-def test_a_model_goes_only_where_the_catalogue_has_it_and_memory_holds_it() -> None:
+def test_a_model_goes_only_where_the_catalog_has_it_and_memory_holds_it() -> None:
     placement = Placement(
         [
             node_facts("http://a:1", _doc("x", "y", red=("y",))),

@@ -74,7 +74,7 @@ def test_models_that_cannot_be_estimated(
     assert _model_line(out, "good").rstrip().endswith("GREEN")
 
 
-def test_empty_catalogue(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_empty_catalog(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert run_doctor(["--models-dir", str(tmp_path)]) == 0
     assert "Models (0;" in capsys.readouterr().out
 

@@ -1,4 +1,4 @@
-"""The Ollama API's pure parts: keep_alive durations, names over the catalogue, request
+"""The Ollama API's pure parts: keep_alive durations, names over the catalog, request
 bodies for the child and the child's answers in Ollama's shape."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ CATALOG = Catalog(
         ("ORG/REPO:q4_k_m", "org/repo:Q4_K_M"), ("hf.co/nope/nope", None),
     ],
 )  # fmt: skip
-def test_names_map_to_the_catalogue(asked: str, found: str | None) -> None:
+def test_names_map_to_the_catalog(asked: str, found: str | None) -> None:
     entry = resolve(CATALOG, asked)
     assert (entry.name if entry else None) == found
 

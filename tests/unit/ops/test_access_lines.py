@@ -17,7 +17,7 @@ from troupe.ops.logformat import make_formatter
 def _record(time: float) -> AccessRecord:
     return AccessRecord(
         time=time, client="127.0.0.1:5000", method="POST", path="/v1/chat/completions",
-        route="/v1/chat/completions", model="tiny", catalogued=True, status=200,
+        route="/v1/chat/completions", model="tiny", catalogd=True, status=200,
         queue_wait=0.0002, load_wait=0.0, ttfb=0.012, ttft=0.013, duration=0.25,
         prompt_tokens=12, completion_tokens=30, tokens_per_second=120.5, bytes_in=80,
         bytes_out=900, stream=True, conversation="c1", error='a "quoted" failure',

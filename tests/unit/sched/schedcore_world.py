@@ -305,7 +305,7 @@ class World:
         return effects
 
     def on_reloaded(self, e: Reloaded) -> None:
-        """The new catalogue is in: no model the reload stopped may still run."""
+        """The new catalog is in: no model the reload stopped may still run."""
         assert self.reloading, f"{e} with no reload under way"
         assert e.rid in e.rids, e
         assert Sse("*", "models_reload") in self.events(), self.out

@@ -31,7 +31,7 @@ def test_lanes_split_the_cores_evenly() -> None:
     assert lane_widths(4, 1) == [4]
 
 
-def test_a_model_alone_gets_every_core_even_with_others_in_the_catalogue() -> None:
+def test_a_model_alone_gets_every_core_even_with_others_in_the_catalog() -> None:
     b = bench(["a", "b", "c"], cores=4, models_max=3)
     (spawn,) = spawns(b.acquire(b.rid(), "a"))
     assert lane(spawn) == ((0, 1, 2, 3), 4)

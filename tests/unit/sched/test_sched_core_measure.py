@@ -68,7 +68,7 @@ def test_a_stale_result_is_ignored_and_a_changed_model_is_measured_again() -> No
     assert b.view("a").memory_source == "estimate"
     changed = [ModelConfig("a", fingerprint="fp-a2", need={"host": GIB}), ModelConfig("c")]
     out = b.core.reload(b.rid(), changed, b.tick())
-    assert CancelMeasure("b") in out  # b left the catalogue while measured
+    assert CancelMeasure("b") in out  # b left the catalog while measured
     assert b.view("a").memory_source == "estimate"  # its old projection does not hold
     assert b.core.measure.pending("a")  # type: ignore[union-attr]
 

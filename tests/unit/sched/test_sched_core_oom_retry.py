@@ -51,7 +51,7 @@ def test_oom_retry_waits_for_a_reload_to_finish() -> None:
     configs = [ModelConfig("a"), ModelConfig("b", restart_key=RestartKey("b changed"))]
     assert spawns(b._seen(b.core.reload(rid, configs, b.tick()))) == []
     out = b.core.exited("b", b.gen["b"], 0, b.tick(), expected=True)
-    # The reload waited for b; only then, with the new catalogue in, is a tried again.
+    # The reload waited for b; only then, with the new catalog in, is a tried again.
     assert [e for e in out if isinstance(e, Reloaded | Spawn)] == [
         Reloaded(rid, (rid,)),
         Spawn("a", 2, 0.0),

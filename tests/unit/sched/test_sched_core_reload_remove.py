@@ -14,7 +14,7 @@ CHANGED = RestartKey("another preset")
 
 
 def changed(*names: str) -> list[ModelConfig]:
-    """The catalogue with ``names``' presets changed."""
+    """The catalog with ``names``' presets changed."""
     return [ModelConfig(n, restart_key=CHANGED if n in names else RestartKey()) for n in "abc"]
 
 
@@ -27,7 +27,7 @@ def test_a_reload_with_nothing_to_restart_is_done_at_once() -> None:
     assert reply_to(out, rid) is None
 
 
-def test_loads_wait_for_the_models_a_reload_stops_and_go_on_with_the_new_catalogue() -> None:
+def test_loads_wait_for_the_models_a_reload_stops_and_go_on_with_the_new_catalog() -> None:
     b = Bench(models_max=2)
     b.bring_up("a")
     rid, w = b.rid(), b.rid()
@@ -35,7 +35,7 @@ def test_loads_wait_for_the_models_a_reload_stops_and_go_on_with_the_new_catalog
     assert stops(out) == [
         Stop("a", 1, kill=False, cause=StopCause(StopReason.RELOAD), save_slots=False)
     ]
-    assert b.acquire(w, "b") == []  # held: the catalogue is being swapped
+    assert b.acquire(w, "b") == []  # held: the catalog is being swapped
     out = b.core.exited("a", 1, 0, b.tick(), expected=True)
     kinds = [type(e).__name__ for e in out if isinstance(e, Reloaded | Spawn)]
     assert kinds == ["Reloaded", "Spawn"]  # the swap comes before any new child
@@ -59,7 +59,7 @@ def test_a_reload_asked_for_meanwhile_is_folded_in_and_both_are_answered() -> No
     ]
     b.core.exited("a", 1, 0, b.tick(), expected=True)  # b still runs: not done yet
     out = b.core.exited("b", 1, 0, b.tick(), expected=True)
-    assert Reloaded(r2, (r1, r2)) in out  # the later catalogue wins
+    assert Reloaded(r2, (r1, r2)) in out  # the later catalog wins
     assert answered(out) == {r1, r2}
     assert b.view("b").pin
 
@@ -114,7 +114,7 @@ def test_drain_answers_waiters_kills_loads_and_lets_leases_finish() -> None:
     assert [s.model for s in spawns(b.acquire(wb, "b"))] == ["b"]  # loading
     b.spawned("b")
     b.acquire(wc, "c")  # queued: no slot
-    out = b.core.drain(b.tick())
+    out = b.core.begin_shutdown(b.tick())
     assert failure_of(out, wb) == Failure.unavailable("server is shutting down")
     assert failure_of(out, wc) == Failure.unavailable("server is shutting down")
     assert stops(out) == [
@@ -154,7 +154,7 @@ def test_a_reload_restarts_exactly_the_running_models_whose_restart_key_changed(
     assert [(s.model, s.cause.reason) for s in stops(out)] == [("b", StopReason.RELOAD)]
     out = b.core.exited("b", 1, 0, b.tick(), expected=True)
     assert reply_to(out, rid) is None
-    # The new key is now the running one's: the same catalogue again restarts nothing.
+    # The new key is now the running one's: the same catalog again restarts nothing.
     b.bring_up("b")
     rid = b.rid()
     out = b.core.reload(rid, changed("b", "c"), b.tick())

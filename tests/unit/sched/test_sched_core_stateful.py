@@ -308,7 +308,7 @@ class SchedulerMachine(World, RuleBasedStateMachine):
 
     @rule(i=st.integers(0, 9), op=st.sampled_from(["load", "unload"]))
     def admin(self, i: int, op: str) -> None:
-        """POST /models/load or /models/unload (9 is a name the catalogue lacks).
+        """POST /models/load or /models/unload (9 is a name the catalog lacks).
 
         Mostly of a model where the call does something: load one that is not running,
         unload one that is."""
@@ -479,15 +479,15 @@ class SchedulerMachine(World, RuleBasedStateMachine):
             out = self.core.child_state(model, old, event, {}, now)
         assert out == [], f"stale {event} of {model} gen {old} had effects {out}"
 
-    # ----- catalogue reload ---------------------------------------------------------------
+    # ----- catalog reload ---------------------------------------------------------------
 
     @precondition(lambda self: self.core is not None)
     @rule(restart=st.lists(st.integers(0, 4), max_size=2), always=st.booleans())
     def reload(self, restart: list[int], always: bool) -> None:
         """A reload: the running models whose preset changed (their restart key; or one
-        that restarts at every reload) are stopped; once they are gone the catalogue comes
+        that restarts at every reload) are stopped; once they are gone the catalog comes
         back and loads held meanwhile go on. A reload asked for while one is under way is
-        folded into it (compared with the table's catalogue: the one before both)."""
+        folded into it (compared with the table's catalog: the one before both)."""
         assert self.core is not None
         edited = {self.names[i % len(self.names)] for i in restart}
         self.key_version += 1

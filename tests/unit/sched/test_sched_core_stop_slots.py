@@ -20,7 +20,7 @@ SAVES = {
     StopReason.UNLOAD: True,
     StopReason.SHUTDOWN: True,
     StopReason.RELOAD: False,  # its preset changed: the slots were built under the old one
-    StopReason.DROPPED: False,  # gone from the catalogue
+    StopReason.DROPPED: False,  # gone from the catalog
     StopReason.REMOVE: False,  # its files are deleted
 }
 

@@ -1,5 +1,5 @@
 """The core's parts, each alone: the lifecycle table, crash holds, fair admission's clock,
-memory admission's verdict, catalogue changes, queue reports, stop causes, wire shapes."""
+memory admission's verdict, catalog changes, queue reports, stop causes, wire shapes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from troupe.sched.memory import DeviceMemory, MemoryLedger, MemorySample
 from troupe.sched.outbox import Outbox
 from troupe.sched.phase import RESTARTS, TRANSITIONS, IllegalTransition, Restart
 from troupe.sched.queue import AdmissionQueue
-from troupe.sched.reloads import CatalogueChanges
+from troupe.sched.reloads import CatalogChanges
 from troupe.sched.table import ModelConfig, ModelState, ModelTable
 from troupe.sched.views import QueueReporter, shown_phase, status_of
 
@@ -282,8 +282,8 @@ def test_a_true_up_reading_is_due_a_moment_after_a_child_came_up() -> None:
 # ----- the rest ----------------------------------------------------------------------------
 
 
-def test_a_reload_asked_for_during_one_is_folded_into_it_and_the_later_catalogue_wins() -> None:
-    changes = CatalogueChanges()
+def test_a_reload_asked_for_during_one_is_folded_into_it_and_the_later_catalog_wins() -> None:
+    changes = CatalogChanges()
     first = changes.fold(1, ["a"], [ModelConfig("a")])
     later = changes.fold(2, ["b"], [ModelConfig("b")])
     assert later is first

@@ -15,7 +15,7 @@ from troupe.sched.outbox import Outbox
 from troupe.sched.placement import Placement
 from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
-from troupe.sched.reloads import CatalogueChanges
+from troupe.sched.reloads import CatalogChanges
 from troupe.sched.requests import Lease, Requests
 from troupe.sched.table import ModelConfig, ModelState, ModelTable
 from troupe.sched.terms import DEFAULT_TERMS, TenantTerms
@@ -31,7 +31,7 @@ class Parts:
     table: ModelTable
     queue: AdmissionQueue
     requests: Requests
-    changes: CatalogueChanges
+    changes: CatalogChanges
     children: Children
     crashes: CrashRecord
     clock: DrainClock
@@ -78,7 +78,7 @@ class Parts:
 
     def apply_estimate(self, config: ModelConfig) -> None:
         """The best figure known for ``config`` before it runs: the engine's projection
-        for this command line, else the catalogue's estimate."""
+        for this command line, else the catalog's estimate."""
         if self.projections is not None:
             self.projections.estimate(config)
         elif self.memory is not None:

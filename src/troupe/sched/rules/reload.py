@@ -4,7 +4,7 @@ after its stops), and everyone who asked for it is answered."""
 from __future__ import annotations
 
 from troupe.sched.effects import Reloaded
-from troupe.sched.events import CatalogueReloaded
+from troupe.sched.events import CatalogReloaded
 from troupe.sched.phase import Phase, Restart
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.rules.parts import Rule
@@ -59,7 +59,7 @@ class FinishReload(Rule):
         if p.memory is not None:
             for config in fresh.values():
                 p.apply_estimate(config)
-        p.out.emit(CatalogueReloaded())
+        p.out.emit(CatalogReloaded())
         p.out.add(Reloaded(pending.rid, tuple(pending.rids)))
         for rid in pending.rids:
             p.out.reply(rid, None)

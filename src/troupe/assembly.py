@@ -1,8 +1,8 @@
-"""The composition root: `build_router` makes every part of one router; `Router` holds them.
+"""The composition root: `build_troupe` makes every part of one router; `Troupe` holds them.
 
-`build_router` reads the catalogue, the devices and the observed memory, and builds
-the scheduler (core and actor, with `ChildLauncher` as its launcher), the relay and
-its pool, the metrics, the logs, the downloads and the conversation tracker. `Router`
+`build_troupe` reads the catalog, the devices and the observed memory, and builds
+the scheduler (core and actor, with `ChildSpecs` as its specs), the relay and
+its pool, the metrics, the logs, the downloads and the conversation tracker. `Troupe`
 is a plain container of those parts, handed to the servers: `troupe.http` serves from
 it, `troupe.service` runs it (nursery, signals, shutdown order). Nothing here serves
 or runs; the parts own their state (the scheduler its table), the router owns none.
@@ -40,7 +40,6 @@ from troupe.kvstore import KvService, KvStore
 from troupe.kvstore.metrics import KvMetrics
 from troupe.kvstore.replicas import Replicas
 from troupe.kvstore.store import private_dir
-from troupe.launcher import ChildLauncher
 from troupe.ops.access import RequestLog
 from troupe.ops.history import History
 from troupe.ops.live import LiveStreams
@@ -53,14 +52,15 @@ from troupe.sched.cpu import CpuLedger
 from troupe.sched.memory import MemoryLedger
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
+from troupe.specs import ChildSpecs
 from troupe.tenants.book import TenantBook, book_for
 from troupe.tenants.model import Tenants
 from troupe.tenants.usage import FILE_NAME as USAGE_FILE
 from troupe.tenants.usage import Accounts
 
-__all__ = ["FAKE_TIMING_ENV", "Drainable", "Router", "build_router"]
+__all__ = ["FAKE_TIMING_ENV", "Drainable", "Troupe", "build_troupe"]
 
-log = logging.getLogger("troupe.router")
+log = logging.getLogger("troupe.assembly")
 
 FAKE_TIMING_ENV = "LLAMA_SERVER_DEBUG_FAKE_TIMING"
 
@@ -78,13 +78,13 @@ class Drainable(Protocol):
 
 
 @attrs.define(eq=False)
-class Router:
+class Troupe:
     """Settings and the running parts of one router, for the servers to use."""
 
     settings: RouterSettings
     engine: Engine
     scheduler: Scheduler
-    launcher: ChildLauncher
+    specs: ChildSpecs
     relay: Relay  # the one transport to children
     metrics: RouterMetrics  # fed by the scheduler's listeners and the relay
     logs: ModelLogs  # every model's log, across its children
@@ -112,21 +112,21 @@ class Router:
 
     @property
     def catalog(self) -> Catalog:
-        """The catalogue in effect (the scheduler's; replaced whole on reload)."""
-        return self.scheduler.catalogue.catalog
+        """The catalog in effect (the scheduler's; replaced whole on reload)."""
+        return self.scheduler.prepared.catalog
 
     @property
     def facts(self) -> FactsCache:
-        return self.launcher.facts
+        return self.specs.facts
 
     def rejection(self, entry: ModelEntry) -> str | None:
         """Why ``entry`` cannot run as a text model (a CLIP projector file), or None.
-        Worked out once per catalogue: no file system access on the request path."""
-        return self.scheduler.catalogue.rejection(entry)
+        Worked out once per catalog: no file system access on the request path."""
+        return self.scheduler.prepared.rejection(entry)
 
     def status_args(self, entry: ModelEntry) -> list[str]:
         """The child's command line as ``GET /models`` shows it (the last one rendered)."""
-        return self.launcher.status_args(entry)
+        return self.specs.status_args(entry)
 
     def close(self) -> None:
         self.reader.close()
@@ -168,7 +168,7 @@ def gpu_ids(
     return ids
 
 
-def build_router(
+def build_troupe(
     settings: RouterSettings,
     engine: Engine,
     table: OptionTable,
@@ -177,8 +177,8 @@ def build_router(
     cwd: Path | None = None,
     *,
     use_nvml: bool = True,
-) -> Router:
-    """Every part of a router for ``settings``; ConfigError when the catalogue is broken."""
+) -> Troupe:
+    """Every part of a router for ``settings``; ConfigError when the catalog is broken."""
     env = dict(os.environ if environ is None else environ)
     tenants = book_for(settings, env)  # a bad tenants file: refused before anything starts
     facts = FactsCache(no_mmproj=_no_mmproj(settings))
@@ -189,7 +189,7 @@ def build_router(
         raise ConfigError(f"failed to initialize router models: {exc}") from None
     for warning in catalog.warnings:
         log.warning("%s", warning)
-    log.info("%d model%s in the catalogue", len(catalog), "" if len(catalog) == 1 else "s")
+    log.info("%d model%s in the catalog", len(catalog), "" if len(catalog) == 1 else "s")
     # Memory admission: devices read once for the estimates' layout, then sampled
     # whenever the scheduler needs a fresh reading.
     reader = DeviceReader("auto" if use_nvml else None)
@@ -204,7 +204,7 @@ def build_router(
     # reaches the next child on its port.
     relay = Relay(float(settings.timeout), observe=metrics.observe_relay)
     kv = _kv_service(settings, state_dir, catalog, metrics, relay, tenants)
-    launcher = ChildLauncher(
+    specs = ChildSpecs(
         settings,
         engine,
         table,
@@ -219,7 +219,7 @@ def build_router(
     )
     fake_timing = bool(env.get(FAKE_TIMING_ENV))
     margin = settings.memory_margin_bytes
-    prepared = launcher.prepare(catalog)
+    prepared = specs.prepare(catalog)
     core = SchedulerCore(
         prepared.configs,
         settings.models_max,
@@ -234,14 +234,14 @@ def build_router(
     downloads = RouterDownloads(env, state_dir, token)
     scheduler = Scheduler(
         core,
-        launcher,
+        specs,
         prepared,
         ledger=ledger,
         sampler=MemorySampler(reader) if margin is not None else None,
         transport=relay,
         downloads=downloads,
     )
-    launcher.read_catalogue_from(scheduler)
+    specs.read_catalog_from(scheduler)
     scheduler.add_listener(metrics.on_event)
     requests = RequestLog(enabled=settings.access_log)
     requests.add_listener(metrics.observe_request)
@@ -251,11 +251,11 @@ def build_router(
     scheduler.add_listener(LoadLog(trio.current_time).on_event)  # "ready in N s" and why
     cluster = _cluster(settings, env)
     _kv_replicas(settings, kv, cluster)
-    return Router(
+    return Troupe(
         settings=settings,
         engine=engine,
         scheduler=scheduler,
-        launcher=launcher,
+        specs=specs,
         relay=relay,
         metrics=metrics,
         logs=logs,

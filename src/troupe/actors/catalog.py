@@ -1,4 +1,4 @@
-"""The catalogue the model table was built from, and how it changes: reloads (a scan of
+"""The catalog the model table was built from, and how it changes: reloads (a scan of
 the model sources in a worker thread, then the core's reconciliation) and removals
 (``DELETE /models``: its files deleted, then a reload).
 
@@ -22,7 +22,7 @@ from troupe.sched import Effect, Failure, Reply, SchedulerCore, Stop, StopReason
 from troupe.sched.effects import Reloaded
 from troupe.sched.events import ModelRemoved, SchedulerEvent
 
-__all__ = ["CatalogueKeeper", "Scanner"]
+__all__ = ["CatalogKeeper", "Scanner"]
 
 log = logging.getLogger("troupe.scheduler")
 
@@ -37,15 +37,15 @@ class Scanner(Protocol):
         """Delete ``model``'s cache files; False when nothing was removed."""
 
 
-class CatalogueKeeper:
+class CatalogKeeper:
     def __init__(
         self,
         scanner: Scanner,
-        catalogue: PreparedCatalog,
+        catalog: PreparedCatalog,
         send: trio.MemorySendChannel[Message],
         publish: Callable[[SchedulerEvent], None],
     ) -> None:
-        self.current = catalogue
+        self.current = catalog
         self._scanner = scanner
         self._send = send
         self._publish = publish
@@ -56,7 +56,7 @@ class CatalogueKeeper:
         self.nursery: trio.Nursery | None = None
 
     def on_swap(self, hook: Callable[[Reloaded], None]) -> None:
-        """Call ``hook`` after each catalogue swap (the downloads forget ended jobs)."""
+        """Call ``hook`` after each catalog swap (the downloads forget ended jobs)."""
         self._swap_hooks.append(hook)
 
     # ----- starting ------------------------------------------------------------------------
@@ -112,7 +112,7 @@ class CatalogueKeeper:
         return effects
 
     def swap(self, effect: Reloaded) -> None:
-        """The core took reload ``effect.rid``'s catalogue: so does everyone else now."""
+        """The core took reload ``effect.rid``'s catalog: so does everyone else now."""
         self.current = self._scanned[effect.rid]
         for rid in effect.rids:
             self._scanned.pop(rid, None)

@@ -1,10 +1,10 @@
-"""`ChildLauncher`: the scheduler's answers about the outside world.
+"""`ChildSpecs`: the scheduler's answers about the outside world.
 
 How to start a model's child (its command line, environment, stop ladder), how to
 measure one, how to read the model sources again, where a model's cache files are,
-and what a model was seen to hold. It implements the scheduler's `Launcher`
-protocol and holds nothing the scheduler acts on: the catalogue it reads is the
-scheduler's own (swapped whole on reload), reached through `read_catalogue_from`.
+and what a model was seen to hold. It implements the scheduler's `Specs`
+protocol and holds nothing the scheduler acts on: the catalog it reads is the
+scheduler's own (swapped whole on reload), reached through `read_catalog_from`.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from troupe.sched.devices import GpuPlan, GpuRequest
 from troupe.settings.options import OptionTable
 from troupe.settings.router import RouterSettings
 
-__all__ = ["ChildLauncher", "fingerprint", "projection_argv"]
+__all__ = ["ChildSpecs", "fingerprint", "projection_argv"]
 
-log = logging.getLogger("troupe.launcher")
+log = logging.getLogger("troupe.specs")
 
 # Options that name a file: the engine's parser only stores them (the child's load
 # reports a missing one), so a section that adds only these needs no check.
@@ -70,13 +70,13 @@ def fingerprint(args: list[str]) -> str:
     return hashlib.sha256("\0".join(args).encode()).hexdigest()[:16]
 
 
-class _CatalogueOwner(Protocol):
+class _CatalogOwner(Protocol):
     @property
-    def catalogue(self) -> PreparedCatalog: ...
+    def prepared(self) -> PreparedCatalog: ...
 
 
-class ChildLauncher:
-    """The scheduler's `Launcher`: child command lines, scans, cache files, memory seen."""
+class ChildSpecs:
+    """The scheduler's `Specs`: child command lines, scans, cache files, memory seen."""
 
     def __init__(
         self,
@@ -109,25 +109,25 @@ class ChildLauncher:
         # The KV store (None: --kv-store off with one tenant; with several, no files)
         self.kv = kv
         self._facts_lock = threading.Lock()  # scans run in worker threads
-        self._owner: _CatalogueOwner | None = None
+        self._owner: _CatalogOwner | None = None
         # status.args shows the last rendered command line (port 0 before a first load).
         self._last_args: dict[str, list[str]] = {}
         self._sections = SectionChecks(environ)  # each section's flags, by the engine
 
-    def read_catalogue_from(self, owner: _CatalogueOwner) -> None:
-        """The catalogue in effect is ``owner``'s (the scheduler's, replaced on reload)."""
+    def read_catalog_from(self, owner: _CatalogOwner) -> None:
+        """The catalog in effect is ``owner``'s (the scheduler's, replaced on reload)."""
         self._owner = owner
 
     @property
     def catalog(self) -> Catalog:
         if self._owner is None:
-            raise RuntimeError("the launcher has no catalogue yet (read_catalogue_from)")
-        return self._owner.catalogue.catalog
+            raise RuntimeError("the launcher has no catalog yet (read_catalog_from)")
+        return self._owner.prepared.catalog
 
-    # ----- catalogues ----------------------------------------------------------------------
+    # ----- catalogs ----------------------------------------------------------------------
 
     def prepare(self, catalog: Catalog) -> PreparedCatalog:
-        """What the scheduler needs from a fresh catalogue (reads GGUF headers, and has
+        """What the scheduler needs from a fresh catalog (reads GGUF headers, and has
         the engine parse each section's own flags). A model whose command line the
         engine refuses is rejected with the engine's message, at start-up as on a
         reload: the other models serve (upstream's router starts such a model and fails
@@ -224,7 +224,7 @@ class ChildLauncher:
         places it)."""
         entry = self.catalog.get(model)
         if entry is None:
-            raise ConfigError(f"model {model} is not in the catalogue")
+            raise ConfigError(f"model {model} is not in the catalog")
         env = dict(self.environ)
         env.update(self.catalog.child_env(entry))  # its secrets: never on its command line
         if len(self.settings.api_keys) > 1 or self.settings.tenants_file is not None:
@@ -279,7 +279,7 @@ class ChildLauncher:
     def measure_command(self, model: str) -> tuple[list[str], dict[str, str]]:
         entry = self.catalog.get(model)
         if entry is None:
-            raise ConfigError(f"model {model} is not in the catalogue")
+            raise ConfigError(f"model {model} is not in the catalog")
         swa_full = kv_swa_full(entry, self.facts, self._kv(entry) is not None)
         args = projection_argv(self.catalog, entry, str(self.engine.path), self.environ, swa_full)
         env = {**self.environ, **self.catalog.child_env(entry)}
