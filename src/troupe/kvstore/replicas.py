@@ -8,7 +8,8 @@ model's placement order (those failover and spill go to first); a node asked to
 continue a conversation whose slot it does not hold asks its peers for the file before
 it prefills (`Replicas.fetch`, bounded by ``--cluster-timeout``: a peer down or hung
 costs at most that, then the usual prefill). Whether to fetch is the owner's decision
-(`SlotOwner._prepare`); the transport is the cluster's (`troupe.cluster.kvsync`), signed with the cluster secret.
+(`SlotOwner._prepare`); the transport is the cluster's (`troupe.cluster.kvsync`),
+signed with the cluster secret.
 
 A file that arrives (pushed, or fetched) is checked as a file the engine saved here:
 written to a temporary file and renamed only once it reads as a slot file whose sha256
