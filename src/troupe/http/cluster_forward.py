@@ -29,7 +29,7 @@ __all__ = ["ask_every_peer", "cluster_models", "forward_elsewhere", "stream_else
 
 log = logging.getLogger("troupe.cluster")
 
-CUT_GRACE = 5.0  # seconds a relay cut from its hung node has to write its last event
+CUT_GRACE = 5.0  # seconds a relay cut from its hung node may go without writing (then cut)
 
 
 def _wire(ex: Exchange, peer: Peer, cluster: Cluster) -> bytes:
@@ -171,7 +171,14 @@ async def _relay_answer(
                 # The relay's read ends as on a broken connection: a stream gets its final
                 # error event (at a chunk boundary), a whole answer ends short.
                 upstream.abort()
-                await trio.sleep(CUT_GRACE)  # (a relay held up by its client: cancelled)
+                # The relay writes what it holds, then the event; a client still reading
+                # (slowly: a backlog of thousands of events) gets it, one that took
+                # nothing for CUT_GRACE is cut (its relay cancelled).
+                while True:
+                    sent = report.bytes_out if report is not None else -1
+                    await trio.sleep(CUT_GRACE)
+                    if report is None or report.bytes_out == sent:
+                        break
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(until_hung)

@@ -334,7 +334,7 @@ class Relay:
         sse = (upstream.content_type or b"").startswith(b"text/event-stream")
         try:
             try:
-                if sse and upstream.chunked and client.framing:
+                if sse and upstream.chunked:  # (re-framed in whole events, for 1.0 too)
                     relayed = await self._stream_events(client, upstream, lost, report)
                 else:
                     relayed = await self._stream(client, upstream, lost, report)

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,13 +182,16 @@ class ClusterStack:
             resp = await http.get(node.url + "/models", headers=self.own_headers())
         return {m["id"]: m for m in resp.json()["data"]}
 
-    async def loaded_on(self, model: str) -> list[str]:
+    async def loaded_on(self, model: str, skip: Collection[str] = ()) -> list[str]:
         """The live nodes with ``model`` loaded, once no node is moving it (a child
-        beside a newcomer is restarted on a narrower CPU lane: unloaded for a moment)."""
-        views = await self.settled(model)
+        beside a newcomer is restarted on a narrower CPU lane: unloaded for a moment);
+        ``skip``: nodes not to ask (a stopped one would not answer)."""
+        views = await self.settled(model, skip=skip)
         return [name for name, item in views.items() if _status(item) == "loaded"]
 
-    async def settled(self, model: str | None = None, within: float = 30) -> dict[str, Any]:
+    async def settled(
+        self, model: str | None = None, within: float = 30, skip: Collection[str] = ()
+    ) -> dict[str, Any]:
         """Each live node's ``/models`` item for ``model`` (or every node's whole list),
         asked again until none is between phases. The nodes publish no event across
         the cluster to wait on; each answer is a fresh read of its state."""
@@ -196,6 +199,8 @@ class ClusterStack:
             while True:
                 views: dict[str, Any] = {}
                 for node in self.nodes:
+                    if node.name in skip:
+                        continue
                     if not node.killed and node.process is not None:
                         models = await self.own_models(node)
                         views[node.name] = models.get(model, {}) if model else models

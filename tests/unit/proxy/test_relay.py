@@ -20,7 +20,7 @@ class Recorder:
     method = "POST"
     path = "/completion"
     target = b"/completion?x=1"
-    framing = True
+    framing = False  # as the server's exchange: True once a stream's head is made
     started = False
     server_stopping = False
     last_chunk = b"0\r\n\r\n"
@@ -31,6 +31,7 @@ class Recorder:
 
     def head(self, status: int, fields: bytes, *, length: int | None) -> bytes:
         self.started = True
+        self.framing = length is None
         return b"HTTP/1.1 %d X\r\n%bTransfer-Encoding: chunked\r\n\r\n" % (status, fields)
 
     def chunk(self, data: bytes) -> bytes:
