@@ -21,8 +21,8 @@ The answers:
   the share of slots free (at least 1: ``balance first`` only tells 0 from the rest);
 - ``0%``: the line takes no new request (those under way go on): the other line of
   that node is the one in use, or the model is being stopped or swapped out there (unless
-  no other node can serve it: its requests then wait there, as on one node), or the
-  node is shutting down.
+  no other node of its order answers ``/health`` now: its requests then wait there, as
+  on one node), or the node is shutting down.
 
 HAProxy asks each line on its own clock, so a node's two lines would change over at
 different moments: a cold line told ``0%`` as the model starts loading while its warm
@@ -54,6 +54,7 @@ log = logging.getLogger("troupe.cluster")
 
 DEFAULT_SLOTS = 4  # llama-server's --parallel auto, for a model whose child never ran
 READ_WITHIN = 2.0  # seconds HAProxy has to send its line
+PEER_WITHIN = 0.5  # seconds another node has to answer /health (within HAProxy's 2 s)
 MAX_QUERY = 512
 
 
@@ -110,8 +111,17 @@ class Agent:
         view = self._snapshot().models.get(model)
         alone = False
         if view is not None and (view.stopping or view.draining_for is not None):
+            # Whether another node of the model's order is alive, asked now: this node's
+            # own marks (`Peer.down`) come from its forwards, and the balancer sends it
+            # none for a node that died (a drain here at 0% would leave no server).
             order = (await cluster.placement()).order(model)
-            alone = all(u == cluster.self_url or cluster.peer(u).down for u in order)
+            alone = True
+            for url in order:
+                if url == cluster.self_url or cluster.peer(url).down:
+                    continue
+                if await cluster.peer(url).answers_health(PEER_WITHIN):
+                    alone = False
+                    break
         other = _OTHER.get(role)
         told = self._told.get((model, other), False) if other else True
         reply = agent_reply(model, view, leaving=False, role=role, alone=alone, other_told=told)
