@@ -10,6 +10,7 @@ says which node it sent a request to (``X-Troupe-Node``), and each node's own
 from __future__ import annotations
 
 import json
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from troupe_rig.cluster_sdk import (
     CTX,
     LONG,
     chat,
+    client,
     cluster,
     long_chat,
     stream,
@@ -279,13 +281,13 @@ async def test_a_model_spills_to_its_next_node_only_while_its_home_is_full(
         home, spill = stack.order("tiny-a")
         node, _ = await trio.to_thread.run_sync(chat, stack.url, "tiny-a")
         assert node == home.name
-        first = trio.Event()
-        reasons: list[str] = []
+        # A stream takes the home's one slot until the second request is answered (30000
+        # tokens: seconds of generation however fast, then the client leaves).
+        first, go = trio.Event(), threading.Event()
+        held: list[bool] = []
 
         async def long_stream() -> None:
-            reasons.append(
-                await trio.to_thread.run_sync(stream_to_end, stack.url, "tiny-a", 6000, first)
-            )
+            held.append(await trio.to_thread.run_sync(_held_stream, stack.url, "tiny-a", first, go))
 
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
@@ -298,8 +300,27 @@ async def test_a_model_spills_to_its_next_node_only_while_its_home_is_full(
                     stats = await haproxy_command(stack.socket, "show stat")
                     rows = [r.split(",")[:18] for r in stats.splitlines()]  # queue, sessions
                     raise AssertionError(f"{exc}; haproxy's show stat: {rows}") from exc
+                finally:
+                    go.set()
                 assert (node, bool(text)) == (spill.name, True)
-        assert reasons == ["length"]
+        assert held == [True]  # the stream was still under way when the second was served
         node, _ = await trio.to_thread.run_sync(chat, stack.url, "tiny-a")
         assert node == home.name
         assert sorted(await stack.loaded_on("tiny-a")) == sorted([home.name, spill.name])
+
+
+def _held_stream(url: str, model: str, first: trio.Event, go: threading.Event) -> bool:
+    """A long stream that holds its slot: after its first chunk it sets ``first`` and
+    waits for ``go``, then leaves; whether it was still under way then."""
+    with client(url) as sdk:
+        chunks = sdk.completions.create(
+            model=model, prompt="hi", max_tokens=30000, stream=True, extra_body={"ignore_eos": True}
+        )
+        try:
+            for chunk in chunks:
+                trio.from_thread.run_sync(first.set)
+                go.wait(60)
+                return not (chunk.choices and chunk.choices[0].finish_reason)
+        finally:
+            chunks.close()
+    return False
