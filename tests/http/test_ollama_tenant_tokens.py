@@ -33,8 +33,11 @@ def auth(name: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {KEYS[name]}"}
 
 
-def attained(router: RunningRouter, tenant: str) -> float:
-    """The tenant's attained service in the scheduler's core, as of now."""
+async def attained(router: RunningRouter, tenant: str) -> float:
+    """The tenant's attained service in the scheduler's core, once the last answer's
+    release is in: a streamed answer's client reads its last line before the handler's
+    release reaches the scheduler (the charge and the lease's end are one message)."""
+    await router.ctx.scheduler.wait_until(lambda s: s.models[MODEL].in_flight == 0)
     core = router.ctx.scheduler._core
     return core.fair.attained(tenant, trio.current_time())
 
@@ -67,13 +70,13 @@ async def test_ollama_answers_charge_their_tenant_the_engines_tokens(
             )
             spent = generated["prompt_eval_count"] + generated["eval_count"]
             # The release was charged the answer's own count (not a typical answer's).
-            assert attained(router, "alice") == pytest.approx(spent, rel=0.02)
+            assert await attained(router, "alice") == pytest.approx(spent, rel=0.02)
             messages = [{"role": "user", "content": "hi there"}]
             chatted = await ask(
                 http, "/api/chat", {"messages": messages, "stream": True, "options": options}
             )
             spent += chatted["prompt_eval_count"] + chatted["eval_count"]
-            assert attained(router, "alice") == pytest.approx(spent, rel=0.02)
+            assert await attained(router, "alice") == pytest.approx(spent, rel=0.02)
 
             usage = (await http.get("/troupe/usage", headers=auth("alice"))).json()
             (total,) = usage["totals"]
