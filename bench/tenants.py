@@ -5,8 +5,10 @@ One model (Gemma 3 270M, the demo file; ``-c CTX`` and otherwise the engine's de
 requests at once; ``alice`` and ``bob`` (interactive) each send a streamed chat request
 every ``--every`` seconds (3, staggered) while the flood lasts. Per side, side by side:
 
-- ``tenants``: a tenants file (``--tenants``): class ``interactive`` (priority 10, one
-  reserved slot) for alice and bob, class ``batch`` for batch, every weight 1;
+- ``tenants``: a tenants file (``--tenants``): class ``interactive`` (priority 10,
+  ``--reserved`` slots kept for it: 2, one per interactive tenant, whose streams overlap:
+  each takes about as long as the period between them) for alice and bob, class
+  ``batch`` for batch, every weight 1;
 - ``equal``: the same three as ``--named-api-keys``: every key equal (one class, weight
   1), fair queuing by least attained service only;
 - ``shared`` (``--sides``): one key for all three, one tenant: arrival order, as before
@@ -21,7 +23,11 @@ scheduling rightly counts against it for a minute or so) each send ``--pair`` re
 once, counted until the first of them is done (both backlogged until then). Keep
 ``--pair`` well above the child's 4 slots.
 And, on the ``tenants`` side's router, the interactive
-time to first token with no flood and the batch throughput alone.
+time to first token with no flood and the batch throughput alone (within the
+reservation); on the ``equal`` side's, the batch throughput alone with every slot, and
+per side the interactive tenants' own generated tokens per second during the flood: the
+engine's total (batch + interactive) against batch alone with every slot says whether
+capacity was lost or only shared.
 
     .venv/bin/python bench/tenants.py [--flood 200] [--every 3] [--sides tenants,equal]
 
@@ -59,7 +65,7 @@ SHARED = "k-shared"
 TENANTS_TOML = """
 [classes.interactive]
 priority = 10
-reserved_slots = 1
+reserved_slots = {reserved}
 
 [classes.batch]
 priority = 0
@@ -151,17 +157,19 @@ def flood(url: str, key: str, n: int, args: argparse.Namespace, log: list[dict])
 def interactive(
     url: str, keys: list[str], until: threading.Event, args: argparse.Namespace
 ) -> list:
-    """Each key sends a streamed request every ``--every`` s (staggered) until ``until``."""
-    ttfts: list[float | None] = []
+    """Each key sends a streamed request every ``--every`` s (staggered) until ``until``:
+    each one's time to first token and generated tokens (None: not answered)."""
+    ttfts: list[tuple[float, int] | None] = []
     lock = threading.Lock()
     threads: list[threading.Thread] = []
 
     def one(key: str, n: int) -> None:
         try:
-            got: float | None = ask(
+            answer = ask(
                 url, key, f"Question {n}: what is {TOPICS[n % 5]}?", args.max_tokens, True,
                 args.timeout,
-            )["ttft"]  # fmt: skip
+            )  # fmt: skip
+            got: tuple[float, int] | None = (answer["ttft"], answer["completion"])
         except (OSError, RuntimeError):
             got = None
         with lock:
@@ -200,7 +208,8 @@ def side(kind: str, engine: Path, tmp: Path, args: argparse.Namespace) -> dict[s
             f'class = "{"batch" if n.startswith("batch") else "interactive"}"\n'
             for n, k in KEYS.items()
         ]
-        (tmp / "tenants.toml").write_text(TENANTS_TOML + "\n" + "\n".join(entries))
+        classes = TENANTS_TOML.format(reserved=args.reserved)
+        (tmp / "tenants.toml").write_text(classes + "\n" + "\n".join(entries))
         argv += ["--tenants", str(tmp / "tenants.toml")]
     elif kind == "equal":
         (tmp / "keys").write_text("".join(f"{n}:{k}\n" for n, k in KEYS.items()))
@@ -217,10 +226,15 @@ def side(kind: str, engine: Path, tmp: Path, args: argparse.Namespace) -> dict[s
             timer = threading.Timer(args.alone, stop.set)
             timer.start()
             quiet = interactive(url, [keys["alice"], keys["bob"]], stop, args)
-            out["alone_ttft"] = sorted(t for t in quiet if t is not None)
+            out["alone_ttft"] = sorted(t[0] for t in quiet if t is not None)
             log: list[dict] = []
             seconds = flood(url, keys["batch"], args.flood, args, log)
             out["alone_batch"] = throughput(log, seconds)
+        elif kind == "equal":
+            # The batch tenant alone with every slot: what the reservation costs it.
+            log = []
+            seconds = flood(url, keys["batch"], args.flood, args, log)
+            out["alone_batch_all"] = throughput(log, seconds)
         # The flood with the interactive tenants beside it.
         log = []
         done = threading.Event()
@@ -234,7 +248,8 @@ def side(kind: str, engine: Path, tmp: Path, args: argparse.Namespace) -> dict[s
         time.sleep(1.0)  # the flood's requests are in line first
         ttfts = interactive(url, [keys["alice"], keys["bob"]], done, args)
         flooder.join()
-        out["ttft"] = sorted(t for t in ttfts if t is not None)
+        out["ttft"] = sorted(t[0] for t in ttfts if t is not None)
+        out["interactive"] = sum(t[1] for t in ttfts if t is not None) / box["seconds"]
         out["lost"] = sum(1 for t in ttfts if t is None) + sum(1 for r in log if "failed" in r)
         out["batch"] = throughput(log, box["seconds"])
         # Two backlogged tenants of equal weight: tokens served until the first is done.
@@ -268,6 +283,9 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--sides", default="tenants,equal", help="tenants, equal, shared")
+    ap.add_argument(
+        "--reserved", type=int, default=2, help="slots the interactive class keeps (tenants)"
+    )
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     engine, _ = find_engine()
@@ -284,16 +302,20 @@ def main() -> int:
                   file=sys.stderr, flush=True)  # fmt: skip
     print(
         f"Gemma 3 270M, -c {args.ctx} (4 slots), batch floods {args.flood} chat requests "
-        f"({args.max_tokens} tokens each), alice and bob a streamed one every {args.every:g} s:"
+        f"({args.max_tokens} tokens each), alice and bob a streamed one every {args.every:g} s"
+        f" (tenants: {args.reserved} slots kept for them):"
     )
-    print(f"  {'':10}{'TTFT p50':>10}{'p95':>9}{'batch tok/s':>13}{'Jain':>7}   lost")
+    print(
+        f"  {'':10}{'TTFT p50':>10}{'p95':>9}{'batch tok/s':>13}{'interactive':>13}"
+        f"{'Jain':>7}   lost"
+    )
     ok = True
     base = results.get("tenants", {})
     for k, r in results.items():
         t = r["ttft"]
         print(
             f"  {k:10}{percentile(t, 50):9.2f}s{percentile(t, 95):8.2f}s"
-            f"{r['batch']:13.1f}{r['jain']:7.3f}   {r['lost']}"
+            f"{r['batch']:13.1f}{r['interactive']:13.1f}{r['jain']:7.3f}   {r['lost']}"
         )
     if "alone_ttft" in base:
         quiet = base["alone_ttft"]
@@ -309,6 +331,15 @@ def main() -> int:
             f"(goal >= 0.95), batch {share:.2f}x of alone (goal >= 0.9)"
         )
         ok = ratio <= 1.5 and base["jain"] >= 0.95 and share >= 0.9
+    if "alone_batch_all" in results.get("equal", {}):
+        full = results["equal"]["alone_batch_all"]
+        print(f"  batch alone with every slot (equal keys): {full:.1f} tok/s")
+        for k, r in results.items():
+            total = r["batch"] + r["interactive"]
+            print(
+                f"  {k}: batch {r['batch'] / full:.2f}x of that; batch + interactive "
+                f"{total:.1f} tok/s = {total / full:.2f}x (the engine's work, shared)"
+            )
     return 0 if ok else 1
 
 
