@@ -52,9 +52,12 @@ def _long_whole(url: str, model: str) -> BaseException | None:
 
 async def _in_flight(stack: ClusterStack, node: Node, model: str) -> None:
     # The node's own /models says so; no event reaches the test from inside it.
-    with trio.fail_after(BOUND):
+    with trio.move_on_after(BOUND):
         while (await stack.own_models(node))[model]["troupe"].get("in_flight", 0) < 1:  # noqa: ASYNC110
             await trio.sleep(0.05)
+        return
+    where = {n.name: (await stack.own_models(n)).get(model, {}) for n in stack.nodes}
+    raise AssertionError(f"{model} never in flight on {node.name}: {where}")
 
 
 async def test_a_dead_nodes_models_go_to_different_survivors_and_errors_are_json(
@@ -83,9 +86,13 @@ async def test_a_dead_nodes_models_go_to_different_survivors_and_errors_are_json
         ended: list[BaseException | None] = []
 
         async def whole() -> None:
-            ended.append(await trio.to_thread.run_sync(_long_whole, stack.url, mine[0]))
+            ended.append(
+                await trio.to_thread.run_sync(
+                    _long_whole, stack.url, mine[0], abandon_on_cancel=True
+                )
+            )
 
-        with trio.fail_after(BOUND):
+        with trio.fail_after(2 * BOUND):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(whole)
                 await _in_flight(stack, victim, mine[0])

@@ -22,7 +22,9 @@ The answers:
 - ``0%``: the line takes no new request (those under way go on): the other line of
   that node is the one in use, or the model is being stopped or swapped out there (unless
   no other node of its order answers ``/health`` now: its requests then wait there, as
-  on one node), or the node is shutting down.
+  on one node), or the node is shutting down. A model whose child is started again on a
+  narrower CPU lane (a re-plan, beside a newcomer) keeps its line: it is back within a
+  load from the page cache, and a cold load elsewhere would cost as much and evict there.
 
 HAProxy asks each line on its own clock, so a node's two lines would change over at
 different moments: a cold line told ``0%`` as the model starts loading while its warm
@@ -75,10 +77,10 @@ def agent_reply(
         return "0%\n"
     if not model or view is None:
         return "100%\n"
-    if (view.stopping or view.draining_for is not None) and not alone:
+    if _leaving_here(view) and not alone:
         return "0%\n"
     slots = max(1, view.slots or DEFAULT_SLOTS)
-    if view.status.is_running:
+    if view.api_status.is_running:
         if role == "cold" and other_told:
             return "0%\n"  # its warm line serves it
         free = max(0, slots - view.in_flight)
@@ -87,6 +89,13 @@ def agent_reply(
     if role == "warm" and other_told:
         return "0%\n"  # not loaded here: its cold line, after every warm one
     return f"100% maxconn:{slots}\n"
+
+
+def _leaving_here(view: ModelView) -> bool:
+    """The model is being stopped or swapped out on this node, not coming back: a re-plan
+    (its child started again on a narrower CPU lane) is back within a load from the page
+    cache, sooner than a cold load elsewhere, which would also evict there."""
+    return (view.stopping or view.draining_for is not None) and not view.replanning
 
 
 _OTHER = {"warm": "cold", "cold": "warm"}
@@ -110,7 +119,7 @@ class Agent:
             return agent_reply(model, None, leaving=cluster.leaving)
         view = self._snapshot().models.get(model)
         alone = False
-        if view is not None and (view.stopping or view.draining_for is not None):
+        if view is not None and _leaving_here(view):
             # Whether another node of the model's order is alive, asked now: this node's
             # own marks (`Peer.down`) come from its forwards, and the balancer sends it
             # none for a node that died (a drain here at 0% would leave no server).

@@ -386,6 +386,17 @@ class ModelView:
         return Status.LOADED if self.restarting else self.status
 
     @property
+    def replanning(self) -> bool:
+        """Its child is stopped to start again here on a narrower CPU lane, or is on its
+        way back: gone for a moment only (a request waits here for the new child, as on
+        one node). A re-plan's drain is not counted: the requests it waits for may
+        last long."""
+        if self.restarting:
+            return True
+        cause = self.last_stop
+        return self.stopping and cause is not None and cause.reason is StopReason.REPLAN
+
+    @property
     def last_eviction(self) -> str | None:
         """``last_stop`` in words (``lru for b``), as ``/models`` shows it."""
         return self.last_stop.describe() if self.last_stop is not None else None

@@ -14,7 +14,7 @@ from troupe.cluster.nodes import NodeList
 from troupe.cluster.placement import Placement, node_facts
 from troupe.cluster.render import RenderOptions, render_haproxy
 from troupe.cluster.view import Cluster
-from troupe.sched import ModelView, Snapshot, Status
+from troupe.sched import ModelView, Snapshot, Status, StopCause, StopReason
 
 
 def _view(status: Status, **changes: object) -> ModelView:
@@ -64,6 +64,25 @@ def test_weight_zero_while_stopping_swapped_out_or_the_node_leaves() -> None:
     # No other node can serve it: its requests wait here for it, as on one node.
     alone = agent_reply("m", _view(Status.LOADED, stopping=True), leaving=False, alone=True)
     assert alone == "100% maxconn:4\n"
+
+
+def test_a_replan_keeps_the_line_its_drain_does_not() -> None:
+    # A child started again on a narrower CPU lane beside a newcomer is back within a
+    # load: its requests wait here, not for a cold load on another node.
+    replan = StopCause(StopReason.REPLAN, "other")
+    stopping = _view(Status.LOADED, stopping=True, last_stop=replan, draining_for="other")
+    assert _reply(stopping) == "100% maxconn:4\n"
+    assert _reply(stopping, "warm") == "100% maxconn:4\n"
+    assert _reply(stopping, "cold") == "0%\n"
+    coming = _view(Status.UNLOADED, restarting=True, last_stop=replan)
+    assert _reply(coming, "warm") == "100% maxconn:4\n"
+    assert _reply(coming, "cold") == "0%\n"
+    # Its drain waits for requests that may last long: the line steps back meanwhile.
+    draining = _view(Status.LOADED, in_flight=1, draining_for="other")
+    assert _reply(draining) == "0%\n"
+    # Any other stop (a swap, an unload) gives the line up.
+    swapped = _view(Status.LOADED, stopping=True, last_stop=StopCause(StopReason.LRU, "x"))
+    assert _reply(swapped) == "0%\n"
 
 
 def test_a_node_warm_line_while_loaded_and_its_cold_line_while_not() -> None:
