@@ -19,7 +19,7 @@ import time
 from troupe.ops.access import AccessRecord, RequestLog, read_usage
 from troupe.ops.logformat import make_formatter
 from troupe.ops.metrics import RouterMetrics
-from troupe.proxy.relay import RelayReport
+from troupe.proxy.client import RelayReport
 
 TAIL = (
     b'data: {"content":"","stop":true,"timings":{"prompt_n":12,"predicted_n":64,'

@@ -12,7 +12,7 @@ import trio
 from troupe.http.access import finish
 from troupe.http.server.exchange import Exchange
 from troupe.ops.access import AccessRecord
-from troupe.proxy.relay import RelayReport
+from troupe.proxy.client import RelayReport
 from troupe_rig.router import RouterFactory
 
 SLOW = {"fake-tps": "20", "fake-tokens": "400"}  # 20 s of tokens: cut long before the end

@@ -24,7 +24,7 @@ from troupe.http.server.exchange import Exchange
 from troupe.http.server.parse import Request
 from troupe.ops.access import AccessRecord, read_usage
 from troupe.ops.metrics import route_label
-from troupe.proxy.relay import RelayReport
+from troupe.proxy.client import RelayReport
 
 __all__ = [
     "CLIENT_CLOSED",

@@ -22,7 +22,8 @@ from troupe.http import access
 from troupe.http.errors import error_body
 from troupe.http.server.exchange import Exchange
 from troupe.ops.access import AccessRecord
-from troupe.proxy.relay import ChildLost, RelayReport, request_headers
+from troupe.proxy.client import ChildLost, RelayReport
+from troupe.proxy.fields import request_headers
 from troupe.proxy.upstream import Unreachable, UpstreamError, UpstreamResponse, render_request
 
 __all__ = ["ask_every_peer", "cluster_models", "forward_elsewhere", "stream_elsewhere"]

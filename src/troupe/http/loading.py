@@ -231,7 +231,7 @@ class AfterHead:
     """The client's side of a relay whose head troupe already sent (a `Herald`'s): the
     child's 200 stream goes on in the same response without its head; any other answer
     (an error, a whole JSON body) is kept and ends the stream as an error event
-    (`finish`). Shaped like `troupe.proxy.relay.Client`."""
+    (`finish`). Shaped like `troupe.proxy.client.Client`."""
 
     __slots__ = ("_body", "_error", "ex")
 

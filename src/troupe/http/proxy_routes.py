@@ -23,7 +23,7 @@ from troupe.http.server.exchange import Exchange
 from troupe.kvstore import cached_held, tokens_held
 from troupe.lease import NO_SLOT, Lease, autoload_flag
 from troupe.ops.access import read_usage
-from troupe.proxy.relay import ChildLost, RelayReport
+from troupe.proxy.client import ChildLost, RelayReport
 from troupe.sched import Snapshot, Status
 
 __all__ = ["handle_proxy_get", "handle_proxy_post", "handle_stream_get"]

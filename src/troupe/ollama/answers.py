@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from troupe.kvstore import cached_in, tokens_in
-from troupe.proxy.relay import RelayReport
+from troupe.proxy.client import RelayReport
 
 __all__ = ["Answer", "created_at", "error_message"]
 

@@ -29,7 +29,7 @@ from troupe.lease import Lease, autoload_flag
 from troupe.ollama.keepalive import BadKeepAlive, parse_keep_alive
 from troupe.ollama.names import resolve
 from troupe.ops.access import AccessRecord
-from troupe.proxy.relay import RelayReport
+from troupe.proxy.client import RelayReport
 from troupe.sched import Failure, Grant
 
 __all__ = [

@@ -45,7 +45,7 @@ from troupe.ollama.requests import (
     generate_request,
 )
 from troupe.ops.access import AccessRecord
-from troupe.proxy.relay import RelayReport
+from troupe.proxy.client import RelayReport
 from troupe.proxy.upstream import UpstreamError, UpstreamResponse
 from troupe.realtime.translate import SSEDecoder
 from troupe.sched import Grant

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from troupe.proxy.relay import RelayReport
+from troupe.proxy.client import RelayReport
 
 __all__ = ["LiveRate", "LiveStreams"]
 

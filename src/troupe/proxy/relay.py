@@ -7,8 +7,9 @@ child is one write to the client: a chunked body passes through with its framing
 untouched, any other body is framed as one chunk per read. A slow client slows the
 reads from the child (one write awaited per read) and a slow child the client.
 
-The client side is anything shaped like `Client` (the HTTP server's exchange), so
-this module stays pure transport.
+The client side is anything shaped like `Client` (the HTTP server's exchange,
+`client.py`), so this module stays pure transport; the header fields each way are
+`fields.py`'s.
 """
 
 from __future__ import annotations
@@ -16,173 +17,24 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
 
-import attrs
 import trio
 
-from troupe.api import JSON_TYPE, dumps
+from troupe.api import dumps
+from troupe.proxy.client import ChildLost, Client, RelayReport
+from troupe.proxy.fields import CHILD_HOST, request_bytes, request_headers, response_fields
 from troupe.proxy.upstream import Child, UpstreamError, UpstreamPool, UpstreamResponse
 
-__all__ = ["ChildLost", "Client", "Relay", "RelayReport", "request_headers", "response_fields"]
+__all__ = ["Relay"]
 
 log = logging.getLogger("troupe.proxy")
 
-CHILD_HOST = "127.0.0.1"
-# Hop-by-hop fields stay out too: connections to children are pooled and kept alive;
-# the body is sent whole, so no Expect either.
-_DROP_REQUEST = frozenset(
-    {
-        b"accept-encoding",
-        b"transfer-encoding",
-        b"content-length",
-        b"host",
-        b"connection",
-        b"keep-alive",
-        b"expect",
-        b"te",
-        b"upgrade",
-    }
-)
-# X-Accel-Buffering: the child sends its own on streams; ours goes on every response.
-_DROP_RESPONSE = frozenset(
-    {
-        b"server",
-        b"transfer-encoding",
-        b"content-length",
-        b"keep-alive",
-        b"connection",
-        b"x-accel-buffering",
-        b"content-type",
-    }
-)
-_JSON_TYPE = JSON_TYPE.encode()
 CLOSE_GRACE = 2.0  # seconds to close an upstream answer when the client went away
 FINISH_CHUNK = 0.5  # at a hard stop, how long to wait for the rest of a chunk
 _BUMP = 1.0  # the read deadline moves at most once a second (cheaper than per read)
 # One call per relayed request as it ends: (route path, status, request body
 # bytes, response body bytes relayed) (troupe.ops.metrics.RouterMetrics.observe_relay).
 Observe = Callable[[str, int, int, int], None]
-
-
-class Client(Protocol):
-    """The client's side of one exchange (`troupe.http.server.exchange.Exchange`)."""
-
-    @property
-    def method(self) -> str: ...
-
-    @property
-    def headers(self) -> list[tuple[bytes, bytes]]: ...
-
-    @property
-    def path(self) -> str: ...
-
-    @property
-    def framing(self) -> bool: ...
-
-    @property
-    def started(self) -> bool: ...
-
-    @property
-    def server_stopping(self) -> bool: ...
-
-    @property
-    def target(self) -> bytes: ...
-
-    def head(self, status: int, fields: bytes, *, length: int | None) -> bytes: ...
-
-    def chunk(self, data: bytes) -> bytes: ...
-
-    @property
-    def last_chunk(self) -> bytes: ...
-
-    async def send(self, data: bytes) -> None: ...
-
-    async def respond(self, status: int, body: bytes, content_type: str | bytes = ...) -> None: ...
-
-
-TAIL_BYTES = 8192  # the end of an answer kept for its usage and timings (the last event)
-
-
-@attrs.define(slots=True)
-class RelayReport:
-    """What the relay saw of one request, for the access log: filled as it goes."""
-
-    status: int = 0
-    bytes_out: int = 0  # response body bytes relayed
-    first_byte: float | None = None  # trio time the head went to the client
-    first_body: float | None = None  # trio time the first body bytes did
-    sse: bool = False
-    error: str | None = None  # why the relay failed, when it did
-    tokens: int = 0  # a stream's events that carried text (a cut stream's count)
-    whole: bool = False  # the whole answer was written (a client leaving after it did not)
-    # The answer's last reads, at least TAIL_BYTES of them when there were that many:
-    # references only (no copy per read); joined once, at the end.
-    _reads: list[bytes] = attrs.field(factory=list)
-    _kept: int = 0
-
-    def keep(self, data: bytes) -> None:
-        reads = self._reads
-        reads.append(data)
-        self._kept += len(data)
-        if len(reads) > 8 and self._kept - len(reads[0]) >= TAIL_BYTES:
-            self._kept -= len(reads.pop(0))  # a short list: the pop is cheap
-
-    @property
-    def tail(self) -> bytes:
-        """The answer's last bytes (its usage and timings). Joined once: the reads are
-        replaced by the join, so the KV store's reading and the access record's share it."""
-        reads = self._reads
-        if len(reads) > 1:
-            reads[:] = [b"".join(reads)]
-        joined = reads[0] if reads else b""
-        return joined[-TAIL_BYTES:] if len(joined) > TAIL_BYTES else joined
-
-
-class ChildLost(Exception):
-    """The child's connection broke after the response had started."""
-
-
-def request_headers(headers: Sequence[tuple[bytes, bytes]], port: int) -> list[tuple[bytes, bytes]]:
-    """The client's headers for the child: de-duplicated by name, Host rewritten."""
-    seen: set[bytes] = set()
-    out = [(b"host", f"{CHILD_HOST}:{port}".encode())]
-    for key, value in headers:
-        if key in _DROP_REQUEST or key in seen:
-            continue
-        seen.add(key)
-        out.append((key, value))
-    return out
-
-
-def _request_bytes(
-    method: str, target: bytes, headers: Sequence[tuple[bytes, bytes]], port: int, body: bytes
-) -> bytes:
-    parts = [method.encode(), b" ", target, b" HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n" % port]
-    seen: set[bytes] = set()
-    for key, value in headers:
-        if key in _DROP_REQUEST or key in seen:
-            continue
-        seen.add(key)
-        parts += (key, b": ", value, b"\r\n")
-    parts.append(b"content-length: %d\r\n\r\n" % len(body))
-    parts.append(body)
-    return b"".join(parts)
-
-
-def response_fields(upstream: UpstreamResponse) -> bytes:
-    """The child's header lines as the client gets them (as upstream's proxy)."""
-    content_type = _JSON_TYPE
-    out = []
-    for key, value in upstream.headers:
-        lowered = key.lower()
-        if lowered in _DROP_RESPONSE or lowered.startswith(b"access-control-"):
-            if lowered == b"content-type":
-                content_type = value
-            continue
-        out.append(b"%b: %b\r\n" % (key, value))
-    out.append(b"Content-Type: %b\r\nX-Accel-Buffering: no\r\n" % content_type)
-    return b"".join(out)
 
 
 HELD_MAX = 1 << 20  # bytes of one SSE event held back until its end (beyond: sent on)
@@ -272,7 +124,7 @@ class Relay:
         ``report``: filled with what the access log records (status, times, bytes, the
         answer's tail).
         """
-        wire = _request_bytes(
+        wire = request_bytes(
             method or client.method,
             client.target if target is None else target.encode("latin-1"),
             client.headers,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from troupe.ops.access import AccessRecord, RequestLog, read_usage
-from troupe.proxy.relay import TAIL_BYTES, RelayReport
+from troupe.proxy.client import TAIL_BYTES, RelayReport
 
 
 def _rec(**kw: object) -> AccessRecord:

@@ -8,7 +8,8 @@ from functools import partial
 import pytest
 import trio
 
-from troupe.proxy.relay import ChildLost, Relay, RelayReport
+from troupe.proxy.client import ChildLost, RelayReport
+from troupe.proxy.relay import Relay
 from troupe.proxy.upstream import ChildRef, UpstreamPool
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
