@@ -33,7 +33,7 @@ from troupe.download.layout import RepoLayout
 from troupe.download.plan import DownloadPlan, PlanError
 from troupe.download.spec import DownloadSpec
 from troupe.errors import ConfigError
-from troupe.sched.table import Snapshot
+from troupe.sched.snapshot import Snapshot
 
 __all__ = ["RouterDownloads"]
 

@@ -23,8 +23,9 @@ from troupe.sched.effects import (
 from troupe.sched.phase import Phase, Restart
 from troupe.sched.reasons import StopCause, StopReason
 from troupe.sched.settle import FAKE_TIMING_DELAY
+from troupe.sched.snapshot import ModelView, Snapshot
 from troupe.sched.status import Status
-from troupe.sched.table import ModelConfig, ModelView, RestartKey, Snapshot
+from troupe.sched.table import ModelConfig, RestartKey
 
 __all__ = [
     "FAKE_TIMING_DELAY",

@@ -40,7 +40,8 @@ from troupe.sched.reloads import CatalogChanges
 from troupe.sched.requests import DirectLoad, Requests, Waiter
 from troupe.sched.settle import FAKE_TIMING_DELAY, Limits, Settler
 from troupe.sched.shutdown import Shutdown, queue_full
-from troupe.sched.table import ModelConfig, ModelState, ModelTable, Snapshot
+from troupe.sched.snapshot import Snapshot
+from troupe.sched.table import ModelConfig, ModelState, ModelTable
 from troupe.sched.terms import DEFAULT_TERMS, TenantTerms
 from troupe.sched.views import QueueReporter, model_views
 

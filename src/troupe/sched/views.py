@@ -16,8 +16,9 @@ from troupe.sched.outbox import Outbox
 from troupe.sched.phase import Phase, Restart
 from troupe.sched.projections import Projections
 from troupe.sched.queue import AdmissionQueue
+from troupe.sched.snapshot import ModelView
 from troupe.sched.status import Status
-from troupe.sched.table import ModelState, ModelTable, ModelView
+from troupe.sched.table import ModelState, ModelTable
 
 __all__ = ["QueueReporter", "model_views", "shown_phase", "status_of"]
 
