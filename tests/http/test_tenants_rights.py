@@ -96,12 +96,15 @@ async def test_a_model_the_key_may_not_use_is_unknown_and_unlisted(
             unknown = await http.post(path, json={**body, "model": "zz"}, headers=auth("alice"))
             assert hidden.status_code == unknown.status_code == 404
             assert hidden.json() == {"error": 'model "b" not found, try pulling it first'}
-        # Load b (an admin's action): alice's /api/ps and /models still do not show it.
+        # Load b (an admin's action): alice's /api/ps and /models still do not show it;
+        # they show a, which her requests loaded (listed all along, also while it is
+        # started again on a narrower CPU lane beside b).
         assert (await http.post("/models/load", json={"model": "b"}, headers=auth("ops"))).json()
         await router.wait_for_status("b", Status.LOADED)
-        assert (await http.get("/api/ps", headers=auth("alice"))).json() == {"models": []}
+        ps = (await http.get("/api/ps", headers=auth("alice"))).json()
+        assert [m["name"] for m in ps["models"]] == ["a:latest"]
         ps = (await http.get("/api/ps", headers=auth("ops"))).json()
-        assert [m["name"] for m in ps["models"]] == ["b:latest"]
+        assert [m["name"] for m in ps["models"]] == ["a:latest", "b:latest"]
         assert ids((await http.get("/models", headers=auth("alice"))).json()) == ["a"]
 
 

@@ -67,7 +67,8 @@ async def ps(ctx: Troupe, ex: Exchange) -> None:
     out = []
     for entry in ctx.catalog:
         view = snapshot.models.get(entry.name)
-        if view is not None and view.status.is_ready_or_sleeping and may_use(ctx, ex, entry):
+        # As /models shows it: a child started again on a narrower CPU lane stays listed.
+        if view is not None and view.api_status.is_ready_or_sleeping and may_use(ctx, ex, entry):
             out.append(ps_item(ctx, entry, view))
     await ex.respond(200, dumps({"models": out}))
 
