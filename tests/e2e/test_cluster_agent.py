@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import csv
 import io
+import threading
 from collections import Counter
 from functools import partial
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import trio
 
@@ -49,10 +51,14 @@ async def _until(stack: ClusterStack, model: str, server: str, key: str, value: 
             await trio.sleep(0.1)
 
 
-def _stream(url: str, model: str, tokens: int) -> tuple[str, str]:
-    """(the node that served it, its finish reason): one long stream, the SDK's own."""
+def _stream(
+    sdk: openai.OpenAI, model: str, tokens: int, start: threading.Barrier
+) -> tuple[str, str]:
+    """(the node that served it, its finish reason): one long stream, the SDK's own,
+    sent once every stream's thread is ready to send its own."""
+    start.wait(timeout=60)
     with (
-        client(url) as sdk,
+        sdk,
         sdk.completions.with_streaming_response.create(
             model=model,
             prompt="hi",
@@ -105,17 +111,23 @@ async def test_twelve_streams_over_four_slots_fill_the_home_then_the_warm_copy(
         # ... and the overflow went to the warm copy first, its slots filled.
         assert served[third.name] >= SLOTS, (served, seen)
         # (What found every slot taken waited in HAProxy's queue, where it shows, or went
-        # cold to the second node; whether any did depends on how many of the 12 streams
-        # overlapped, which a loaded machine's thread starts decide: not asserted.)
+        # cold to the second node; whether any did depends on how soon the first streams
+        # end, which a loaded machine decides: not asserted.)
 
 
 async def _all(url: str, model: str, tokens: int) -> list[tuple[str, str]]:
+    """The streams, sent together: each thread's client is made before (an SSL context
+    and a pool each, tenths of a second on a loaded machine, over which the first
+    streams could end before the last began) and they start at one barrier, so that
+    they overlap whatever the machine's load."""
     results: list[tuple[str, str]] = []
+    clients = await trio.to_thread.run_sync(lambda: [client(url) for _ in range(STREAMS)])
+    start = threading.Barrier(STREAMS)
 
-    async def one() -> None:
-        results.append(await trio.to_thread.run_sync(partial(_stream, url, model, tokens)))
+    async def one(sdk: openai.OpenAI) -> None:
+        results.append(await trio.to_thread.run_sync(partial(_stream, sdk, model, tokens, start)))
 
     async with trio.open_nursery() as nursery:
-        for _ in range(STREAMS):
-            nursery.start_soon(one)
+        for sdk in clients:
+            nursery.start_soon(one, sdk)
     return results

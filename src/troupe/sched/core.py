@@ -497,7 +497,7 @@ class SchedulerCore:
 
     def next_deadline(self) -> float | None:
         """When `on_time` next has something to do (a TTL expiry, a drain, a load waiting
-        out fake timing); None if never."""
+        out fake timing, a measurement that never answered); None if never."""
         deadlines = [d for m in self.table if (d := ttl_expiry(m, self.queue)) is not None]
         drain = self.clock.deadline()
         if drain is not None:
@@ -506,6 +506,8 @@ class SchedulerCore:
             deadlines.append(due)
         if (widen := self.placement.widen_deadline(self._now)) is not None:
             deadlines.append(widen)
+        if self.projections is not None and (answer := self.projections.deadline()) is not None:
+            deadlines.append(answer)
         # (one already due, but after an event that did not settle: at once)
         deadlines += [d.not_before for d in self.requests.direct.values() if d.not_before]
         return min(deadlines, default=None)
@@ -528,6 +530,8 @@ class SchedulerCore:
         if self.clock.due(now):
             self.settler.start_drain(now)
         self.placement.widen(now)
+        if self.projections is not None:
+            self.projections.expire(now)
         if self.memory is not None and self.memory.true_up_due(now):
             self.children.ask_memory()
         self._settle(now)

@@ -12,9 +12,13 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-__all__ = ["MAX_ATTEMPTS", "MeasureQueue", "Projection"]
+__all__ = ["ANSWER_WITHIN", "MAX_ATTEMPTS", "MeasureQueue", "Projection"]
 
 MAX_ATTEMPTS = 2  # a failed measurement is tried again after a load, once
+# Seconds a job has from its start to its answer (its engine's own limit is 60 s, from
+# the process's start): a job that never answers (a spawn that never returns) costs the
+# loads waiting for it this long, then they go ahead with the estimate.
+ANSWER_WITHIN = 90.0
 
 
 @attrs.frozen
@@ -28,6 +32,7 @@ class Projection:
 class MeasureQueue:
     todo: list[str] = attrs.field(factory=list)
     running: tuple[str, str] | None = None  # (model, fingerprint)
+    since: float = 0.0  # when the running job started (the core's clock)
     failures: dict[str, int] = attrs.field(factory=dict)
     projected: dict[str, Projection] = attrs.field(factory=dict)
 
@@ -45,13 +50,18 @@ class MeasureQueue:
     def pending(self, name: str) -> bool:
         return name in self.todo or (self.running is not None and self.running[0] == name)
 
-    def start(self, fingerprints: Mapping[str, str]) -> tuple[str, str] | None:
+    def start(self, fingerprints: Mapping[str, str], now: float) -> tuple[str, str] | None:
         """The next job, if none runs: (model, fingerprint)."""
         if self.running is not None or not self.todo:
             return None
         name = self.todo.pop(0)
         self.running = (name, fingerprints[name])
+        self.since = now
         return self.running
+
+    def deadline(self) -> float | None:
+        """When the running job is given up on (None: none runs)."""
+        return self.since + ANSWER_WITHIN if self.running is not None else None
 
     def finish(self, name: str, fingerprint: str) -> bool:
         """The job for ``name`` ended; True if it was the one running (not stale)."""

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 
 from troupe.sched.effects import CancelMeasure, Measure
 from troupe.sched.events import MemoryProjected, ProjectionFailed
-from troupe.sched.measuring import MAX_ATTEMPTS, MeasureQueue, Projection
+from troupe.sched.measuring import ANSWER_WITHIN, MAX_ATTEMPTS, MeasureQueue, Projection
 from troupe.sched.memory import MemoryLedger
 from troupe.sched.outbox import Outbox
 from troupe.sched.table import ModelConfig
@@ -44,15 +44,27 @@ class Projections:
         found = self.queue.of(config.name, config.fingerprint)
         self._ledger.set_estimate(config.name, found.need if found else config.need)
 
-    def start_next(self, fingerprints: Mapping[str, str], wanted: list[str]) -> None:
+    def start_next(self, fingerprints: Mapping[str, str], wanted: list[str], now: float) -> None:
         """Start the next job, if none runs: models requests wait for first, in order."""
         queue = self.queue
         queue.todo = [n for n in queue.todo if n in fingerprints]
         for name in reversed(wanted):
             queue.bump(name)
-        job = queue.start(fingerprints)
+        job = queue.start(fingerprints, now)
         if job is not None:
             self._out.add(Measure(*job))
+
+    def deadline(self) -> float | None:
+        return self.queue.deadline()
+
+    def expire(self, now: float) -> None:
+        """A job with no answer by its deadline fails (the estimate stands, the loads
+        waiting for it go ahead) and is cancelled; an answer after is stale."""
+        due = self.queue.deadline()
+        running = self.queue.running
+        if running is not None and due is not None and due <= now:
+            self.failed(*running, f"no answer within {ANSWER_WITHIN:g} s")
+            self._out.add(CancelMeasure(running[0]))
 
     def cancel_all(self) -> None:
         """Shutdown: nothing more is measured."""

@@ -7,6 +7,7 @@ from schedcore_kit import Bench, spawns
 
 from troupe.sched import ModelConfig
 from troupe.sched.effects import CancelMeasure, Effect, Measure, SampleMemory
+from troupe.sched.measuring import ANSWER_WITHIN
 from troupe.sched.memory import DeviceMemory, MemoryLedger, MemorySample
 
 GIB = 1 << 30
@@ -82,3 +83,26 @@ def test_projections_start_when_the_scheduler_starts_not_at_the_first_request() 
     b.acquire(b.rid(), "c")  # c now waits on the job under way, then goes next
     out = b.core.measured("b", "fp-b", {"host": GIB}, None, b.tick())
     assert measures(out) == [Measure("c", "fp-c")]
+
+
+def test_a_job_that_never_answers_is_given_up_and_the_load_goes_on_with_the_estimate() -> None:
+    # Its engine's own limit (60 s) runs from the process's start: a spawn that never
+    # returns would hold the loads waiting for it for ever.
+    b = bench()
+    b.acquire(b.rid(), "a")
+    assert measures(b.extra) == [Measure("a", "fp-a")]
+    started = b.now
+    assert b.core.next_deadline() == started + ANSWER_WITHIN
+    out = b.core.on_time(started + ANSWER_WITHIN - 1)
+    assert spawns(out) == []  # not yet
+    assert CancelMeasure("a") not in out
+    out = b.core.on_time(started + ANSWER_WITHIN)
+    assert CancelMeasure("a") in out
+    assert measures(out) == [Measure("b", "fp-b")]  # the next job
+    assert b.view("a").memory_source == "estimate"
+    sample = next(e for e in out if isinstance(e, SampleMemory))
+    out = b._seen(b.core.memory_sampled(plenty(), sample.version, b.tick()))
+    assert [s.model for s in spawns(out)] == ["a"]
+    # Its answer, should it come after all, is stale.
+    b.core.measured("a", "fp-a", {"host": 9 * GIB}, None, b.tick())
+    assert b.view("a").memory_need == {"host": GIB}

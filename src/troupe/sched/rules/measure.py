@@ -17,4 +17,4 @@ class MeasureNext(Rule):
         assert p.projections is not None
         fingerprints = {m.name: m.config.fingerprint for m in p.table}
         wanted = p.requests.wanted() + [e.model for e in p.queue.entries]
-        p.projections.start_next(fingerprints, wanted)
+        p.projections.start_next(fingerprints, wanted, now)
