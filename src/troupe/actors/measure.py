@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from contextlib import aclosing
 
@@ -25,7 +26,7 @@ import attrs
 import trio
 
 from troupe.child.breakdown import BreakdownRow, need_of_rows, parse_breakdown_line
-from troupe.child.process import kill_group, placed
+from troupe.child.process import kill_group, to_background
 from troupe.child.protocol import iter_lines
 from troupe.messages import Measured, MeasureFailed, Message
 from troupe.modellog import about
@@ -125,22 +126,15 @@ class MeasureJob:
         if fit_disabled(self._argv):
             return MeasureFailed(self.model, self.fingerprint, "--fit is off: no projection")
         try:
-            proc = await trio.lowlevel.open_process(
-                self._argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                env=dict(self._env),
-                start_new_session=True,
-                # Background work never competes with serving: idle priority, one core.
-                preexec_fn=placed([max(os.sched_getaffinity(0))], idle=True),
-            )
+            proc = await self._start()
         except OSError as exc:
             return MeasureFailed(self.model, self.fingerprint, f"cannot start: {exc}")
+        assert proc.stderr is not None
+        stderr = trio.lowlevel.FdStream(os.dup(proc.stderr.fileno()))
+        proc.stderr.close()
         try:
-            assert proc.stderr is not None
             with trio.move_on_after(self._timeout) as deadline:
-                projection = await read_projection(proc.stderr)
+                projection = await read_projection(stderr)
             if deadline.cancelled_caught:
                 return MeasureFailed(
                     self.model, self.fingerprint, f"no projection within {self._timeout:g} s"
@@ -148,13 +142,57 @@ class MeasureJob:
         finally:
             with trio.CancelScope(shield=True):
                 kill_group(proc.pid)  # before it loads a single weight
-                await proc.wait()
-                if proc.stderr is not None:
-                    await proc.stderr.aclose()
+                await trio.to_thread.run_sync(proc.wait)
+                await stderr.aclose()
         if projection is None:
             return MeasureFailed(self.model, self.fingerprint, "the engine printed no projection")
         about(log, self.model).info("the engine projects %s", _mib(projection.min))
         return Measured(self.model, self.fingerprint, projection.min, projection.max)
+
+    async def _start(self) -> subprocess.Popen[bytes]:
+        """The engine, started from a worker thread this job may leave: a cancelled job
+        (the core gave up on it, a shutdown) never waits for a spawn that does not return
+        (one did not, once, under heavy load). A process that starts after the job left
+        is killed there and then; one handed over as the job is cancelled, here."""
+        lock = threading.Lock()
+        handed: list[subprocess.Popen[bytes]] = []
+        left = False
+
+        def spawn() -> None:
+            proc = subprocess.Popen(
+                self._argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=dict(self._env),
+                start_new_session=True,
+            )
+            # Background work never competes with serving: idle priority, one core.
+            to_background(proc.pid, [max(os.sched_getaffinity(0))])
+            with lock:
+                if not left:
+                    handed.append(proc)
+                    return
+            _reap(proc)
+
+        try:
+            await trio.to_thread.run_sync(spawn, abandon_on_cancel=True)
+        except BaseException:
+            with lock:
+                left = True
+                late = list(handed)
+            for proc in late:
+                _reap(proc)
+            raise
+        return handed[0]
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a measurement's engine nobody reads (in a thread: it waits for the exit)."""
+    kill_group(proc.pid)
+    proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
 
 
 def _mib(need: Mapping[str, int]) -> str:

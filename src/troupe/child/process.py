@@ -29,7 +29,7 @@ import trio
 
 from troupe.child.protocol import EXIT_COMMAND
 
-__all__ = ["kill_group", "placed", "spawn_child", "stop_child"]
+__all__ = ["kill_group", "placed", "spawn_child", "stop_child", "to_background"]
 
 log = logging.getLogger(__name__)
 
@@ -59,28 +59,46 @@ async def spawn_child(
     )
 
 
-def placed(cpus: Sequence[int] | None, *, idle: bool = False) -> Callable[[], None] | None:
-    """What runs in the forked child before ``exec``: keep it on ``cpus`` and, when
-    ``idle``, at idle priority (SCHED_IDLE: a CPU only when nothing else wants one).
+def placed(cpus: Sequence[int] | None) -> Callable[[], None] | None:
+    """What runs in the forked child before ``exec``: keep it on ``cpus``.
 
     Set before ``exec``, so every thread the engine starts inherits it. Pinning the pid
     after the spawn raced the engine's own threads: those started before the pin kept
     every CPU (a child with ``--threads 1`` seen on two cores). Only system calls run
-    there (no lock another thread could hold at the fork); a CPU set or policy the
-    kernel refuses leaves the child where it is."""
-    if cpus is None and not idle:
+    there (no lock another thread could hold at the fork); a CPU set the kernel refuses
+    leaves the child where it is."""
+    if cpus is None:
         return None
-    wanted = None if cpus is None else list(cpus)
+    wanted = list(cpus)
 
     def place() -> None:
-        if wanted is not None:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, wanted)
-        if idle:
-            with contextlib.suppress(OSError, AttributeError):
-                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, wanted)
 
     return place
+
+
+def to_background(pid: int, cpus: Sequence[int]) -> None:
+    """Put a running process on ``cpus`` at idle priority (SCHED_IDLE: a CPU only when
+    nothing else wants one): each thread it has (its first one first: the threads it
+    starts after inherit from it). For short background work (a measurement), spawned
+    without Python code between fork and exec, which a spawn from a threaded process
+    cannot make safe. A thread or setting the kernel refuses is left as it is."""
+    tasks = f"/proc/{pid}/task"
+    seen: set[int] = set()
+    for _ in range(2):  # again for any thread started while the first pass ran
+        try:
+            tids = [pid, *sorted(int(t) for t in os.listdir(tasks) if int(t) != pid)]
+        except OSError:
+            return  # gone already
+        for tid in tids:
+            if tid in seen:
+                continue
+            seen.add(tid)
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, list(cpus))
+            with contextlib.suppress(OSError, AttributeError):
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from troupe.child.cpu_flags import cpu_flags, cpu_request, parse_cpu_mask, parse_cpu_range
-from troupe.child.process import placed, spawn_child
+from troupe.child.process import placed, spawn_child, to_background
 from troupe.sched.cpu import CpuPlan, CpuRequest
 
 
@@ -50,13 +50,22 @@ async def test_a_child_is_on_its_cpus_from_its_first_instruction() -> None:
 
 
 def test_background_work_runs_at_idle_priority_on_the_cores_it_is_given() -> None:
+    # Set from outside once it runs, on the thread it had then and on one it starts
+    # after (which inherits): no Python code between fork and exec.
     cpu = max(os.sched_getaffinity(0))
-    code = "import os; print(repr((os.sched_getscheduler(0), os.sched_getaffinity(0))), end='')"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        check=True,
-        preexec_fn=placed([cpu], idle=True),
-        capture_output=True,
-    ).stdout.decode()
-    assert out == repr((os.SCHED_IDLE, {cpu}))
+    code = (
+        "import os, sys, threading\n"
+        "sys.stdin.readline()\n"
+        "seen = []\n"
+        "def look(): seen.append((os.sched_getscheduler(0), os.sched_getaffinity(0)))\n"
+        "look(); t = threading.Thread(target=look); t.start(); t.join()\n"
+        "print(repr(seen), end='')\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as proc:
+        to_background(proc.pid, [cpu])
+        out, _ = proc.communicate(b"go\n", timeout=30)
+    assert out.decode() == repr([(os.SCHED_IDLE, {cpu})] * 2)
     assert placed(None) is None  # nothing to place: nothing runs before exec
+    to_background(proc.pid, [cpu])  # gone: nothing to do, no error
