@@ -26,7 +26,7 @@ import attrs
 import trio
 
 from troupe.child.breakdown import BreakdownRow, need_of_rows, parse_breakdown_line
-from troupe.child.process import kill_group, to_background
+from troupe.child.process import kill_group, pin
 from troupe.child.protocol import iter_lines
 from troupe.messages import Measured, MeasureFailed, Message
 from troupe.modellog import about
@@ -168,7 +168,7 @@ class MeasureJob:
                 start_new_session=True,
             )
             # Background work never competes with serving: idle priority, one core.
-            to_background(proc.pid, [max(os.sched_getaffinity(0))])
+            pin(proc.pid, [max(os.sched_getaffinity(0))], idle=True)
             with lock:
                 if not left:
                     handed.append(proc)

@@ -22,14 +22,14 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import trio
 
 from troupe.child.protocol import EXIT_COMMAND
 
-__all__ = ["kill_group", "placed", "spawn_child", "stop_child", "to_background"]
+__all__ = ["kill_group", "pin", "spawn_child", "stop_child"]
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +44,9 @@ async def spawn_child(
     cpus: Sequence[int] | None = None,
 ) -> trio.Process:
     """Start ``argv`` with piped stdio, leading a new session (so a group kill reaches
-    grandchildren), on ``cpus`` from its first instruction. No PR_SET_PDEATHSIG: Trio
-    spawns from a worker thread whose exit would kill the child (ARCHITECTURE.md,
-    principle 7)."""
-    return await trio.lowlevel.open_process(
+    grandchildren), then pinned on ``cpus`` (`pin`). No PR_SET_PDEATHSIG: Trio spawns
+    from a worker thread whose exit would kill the child (ARCHITECTURE.md, principle 7)."""
+    proc = await trio.lowlevel.open_process(
         list(argv),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -55,50 +54,43 @@ async def spawn_child(
         env=dict(env),
         cwd=cwd,
         start_new_session=True,
-        preexec_fn=placed(cpus),
     )
+    if cpus is not None:
+        pin(proc.pid, cpus)
+    return proc
 
 
-def placed(cpus: Sequence[int] | None) -> Callable[[], None] | None:
-    """What runs in the forked child before ``exec``: keep it on ``cpus``.
+def pin(pid: int, cpus: Sequence[int], *, idle: bool = False) -> None:
+    """Put a running process on ``cpus`` (and, when ``idle``, at idle priority:
+    SCHED_IDLE, a CPU only when nothing else wants one): each thread it has, its first
+    one first (threads start with their starter's mask and policy), passes over
+    ``/proc/PID/task`` until one finds no thread it has not set.
 
-    Set before ``exec``, so every thread the engine starts inherits it. Pinning the pid
-    after the spawn raced the engine's own threads: those started before the pin kept
-    every CPU (a child with ``--threads 1`` seen on two cores). Only system calls run
-    there (no lock another thread could hold at the fork); a CPU set the kernel refuses
-    leaves the child where it is."""
-    if cpus is None:
-        return None
+    From outside, once it runs: troupe's threads (an SSL handshake, a download) hold
+    locks a fork copies, and Python code between fork and exec (``preexec_fn``) could
+    take one: the at-fork handlers freed a thread's SSL context in a forked copy of the
+    test process, which spun on OpenSSL's lock for ever (its spawner waited on it). The
+    spawn returns once the engine has exec'd, before its loader and ``main`` start
+    threads; a thread started before the first pass is found by it. A thread or setting
+    the kernel refuses is left as it is."""
     wanted = list(cpus)
-
-    def place() -> None:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, wanted)
-
-    return place
-
-
-def to_background(pid: int, cpus: Sequence[int]) -> None:
-    """Put a running process on ``cpus`` at idle priority (SCHED_IDLE: a CPU only when
-    nothing else wants one): each thread it has (its first one first: the threads it
-    starts after inherit from it). For short background work (a measurement), spawned
-    without Python code between fork and exec, which a spawn from a threaded process
-    cannot make safe. A thread or setting the kernel refuses is left as it is."""
     tasks = f"/proc/{pid}/task"
     seen: set[int] = set()
-    for _ in range(2):  # again for any thread started while the first pass ran
+    for _ in range(8):  # bounded: an engine starts its threads once
         try:
-            tids = [pid, *sorted(int(t) for t in os.listdir(tasks) if int(t) != pid)]
+            found = {int(t) for t in os.listdir(tasks)}
         except OSError:
             return  # gone already
-        for tid in tids:
-            if tid in seen:
-                continue
+        new = sorted(found - seen, key=lambda tid: tid != pid)
+        if not new:
+            return
+        for tid in new:
             seen.add(tid)
             with contextlib.suppress(OSError):
-                os.sched_setaffinity(tid, list(cpus))
-            with contextlib.suppress(OSError, AttributeError):
-                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                os.sched_setaffinity(tid, wanted)
+            if idle:
+                with contextlib.suppress(OSError, AttributeError):
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:

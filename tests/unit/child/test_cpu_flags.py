@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
+from collections.abc import Callable
+
+import trio
 
 from troupe.child.cpu_flags import cpu_flags, cpu_request, parse_cpu_mask, parse_cpu_range
-from troupe.child.process import placed, spawn_child, to_background
+from troupe.child.process import pin, spawn_child
 from troupe.sched.cpu import CpuPlan, CpuRequest
 
 
@@ -36,36 +38,52 @@ def test_the_command_lines_own_placement_is_read() -> None:
     assert parse_cpu_range("3") == (3,)
 
 
-async def test_a_child_is_on_its_cpus_from_its_first_instruction() -> None:
-    # The child reads its own mask at once: pinning the pid after the spawn came too
-    # late for threads the engine had started by then.
-    cpu = max(os.sched_getaffinity(0))
-    proc = await spawn_child(["grep", "Cpus_allowed_list", "/proc/self/status"], {}, cpus=[cpu])
+# A child that starts a thread at once, before it is pinned from outside, then waits for
+# a line and reports (policy, CPUs) of its first thread, that early one, and one after.
+CHILD = (
+    "import os, sys, threading\n"
+    "seen = {}\n"
+    "def look(name): seen[name] = (os.sched_getscheduler(0), sorted(os.sched_getaffinity(0)))\n"
+    "go = threading.Event()\n"
+    "def early(): go.wait(); look('early')\n"
+    "t = threading.Thread(target=early); t.start()\n"
+    "print('up', flush=True); sys.stdin.readline()\n"
+    "go.set(); t.join(); look('main')\n"
+    "t = threading.Thread(target=look, args=('later',)); t.start(); t.join()\n"
+    "print(repr(sorted(seen.items())), flush=True)\n"
+)
+
+
+async def _report(proc: trio.Process, when_up: Callable[[], None] = lambda: None) -> str:
     assert proc.stdout is not None
+    assert proc.stdin is not None
     out = b""
+    while b"up\n" not in out:
+        out += await proc.stdout.receive_some()
+    when_up()
+    await proc.stdin.send_all(b"go\n")
     while chunk := await proc.stdout.receive_some():
         out += chunk
     await proc.wait()
-    assert out.decode().split(":")[1].strip() == str(cpu)
+    return out.decode().removeprefix("up\n").strip()
 
 
-def test_background_work_runs_at_idle_priority_on_the_cores_it_is_given() -> None:
-    # Set from outside once it runs, on the thread it had then and on one it starts
-    # after (which inherits): no Python code between fork and exec.
+async def test_a_child_is_pinned_on_its_cpus_every_thread_it_has_and_starts() -> None:
+    # Pinned from outside once it runs (no Python code between fork and exec): the
+    # thread it started before that is found in /proc/PID/task; a later one inherits.
     cpu = max(os.sched_getaffinity(0))
-    code = (
-        "import os, sys, threading\n"
-        "sys.stdin.readline()\n"
-        "seen = []\n"
-        "def look(): seen.append((os.sched_getscheduler(0), os.sched_getaffinity(0)))\n"
-        "look(); t = threading.Thread(target=look); t.start(); t.join()\n"
-        "print(repr(seen), end='')\n"
-    )
-    with subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    ) as proc:
-        to_background(proc.pid, [cpu])
-        out, _ = proc.communicate(b"go\n", timeout=30)
-    assert out.decode() == repr([(os.SCHED_IDLE, {cpu})] * 2)
-    assert placed(None) is None  # nothing to place: nothing runs before exec
-    to_background(proc.pid, [cpu])  # gone: nothing to do, no error
+    proc = await spawn_child([sys.executable, "-c", CHILD], {}, cpus=[cpu])
+    normal = os.sched_getscheduler(0)
+    want = sorted((name, (normal, [cpu])) for name in ("early", "later", "main"))
+    with trio.fail_after(30):
+        assert await _report(proc) == repr(want)
+
+
+async def test_background_work_runs_at_idle_priority_on_the_cores_it_is_given() -> None:
+    # Pinned once its early thread surely runs: that thread is set through /proc.
+    cpu = max(os.sched_getaffinity(0))
+    proc = await spawn_child([sys.executable, "-c", CHILD], {})
+    want = sorted((name, (os.SCHED_IDLE, [cpu])) for name in ("early", "later", "main"))
+    with trio.fail_after(30):
+        assert await _report(proc, lambda: pin(proc.pid, [cpu], idle=True)) == repr(want)
+    pin(proc.pid, [cpu])  # gone: nothing to do, no error
