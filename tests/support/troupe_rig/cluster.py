@@ -229,6 +229,27 @@ class ClusterStack:
                 return int(row.get("stot") or 0)
         raise KeyError(f"no backend for {model}")
 
+    async def line(self, model: str, server: str) -> dict[str, str]:
+        """HAProxy's ``show stat`` row of ``server``'s line in ``model``'s backend."""
+        text = await haproxy_command(self.socket, "show stat")
+        rows = csv.DictReader(io.StringIO(text.removeprefix("# ")))
+        for row in rows:
+            name = row.get("pxname", "")
+            if row.get("svname") == server and name.split("_", 1)[-1] == model:
+                return dict(row)
+        raise KeyError(f"no line {server} for {model}")
+
+    async def until_free(self, model: str, node: Node, within: float = 30) -> None:
+        """Until ``node`` serves none of ``model``'s requests, as troupe counts them and as
+        HAProxy does (a client that left is seen by each a moment later)."""
+        # Neither publishes an event across processes; each is asked until both agree.
+        with trio.fail_after(within):
+            while True:
+                mine = (await self.own_models(node)).get(model, {}).get("troupe", {})
+                if not mine.get("in_flight") and (await self.line(model, node.name))["scur"] == "0":
+                    return
+                await trio.sleep(0.05)
+
     async def wait_status(self, name: str, prefix: str, within: float = 30) -> None:
         # HAProxy has no event to wait on; its runtime API is asked until it agrees.
         with trio.fail_after(within):
