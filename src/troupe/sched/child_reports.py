@@ -209,4 +209,4 @@ def _replanned(o: ModelState) -> bool:
         return True
     if o.replanned and o.child_loading and not o.in_flight:
         return True  # started again on its narrower lane, nobody's request on it
-    return o.stopping and o.last_stop is not None and o.last_stop.reason is StopReason.REPLAN
+    return o.stopping_to_replan

@@ -138,5 +138,5 @@ def _will_run(o: ModelState) -> bool:
     if o.restart is Restart.REPLAN:
         return True
     if o.stopping:
-        return o.last_stop is not None and o.last_stop.reason is StopReason.REPLAN
+        return o.stopping_to_replan
     return o.is_running

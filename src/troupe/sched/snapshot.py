@@ -14,7 +14,7 @@ from troupe.sched.devices import GpuPlan, GpuRequest
 from troupe.sched.downloads import DownloadView
 from troupe.sched.memory import DeviceMemory
 from troupe.sched.phase import Phase
-from troupe.sched.reasons import StopCause, StopReason
+from troupe.sched.reasons import StopCause
 from troupe.sched.status import Status
 
 __all__ = ["ModelView", "Snapshot"]
@@ -60,6 +60,7 @@ class ModelView:
     gpu_request: GpuRequest | None = None  # or what its own device flags say
     idle_since: float = 0.0  # when its last request finished (Trio time; TTL counts from here)
     restarting: bool = False  # started again on a narrower CPU lane (ModelState.restarting)
+    replanning: bool = False  # or stopped for it: back in a moment (ModelState.replanning)
     slots: int | None = None  # requests its child serves at once (its --parallel)
 
     @property
@@ -68,17 +69,6 @@ class ModelView:
         on a narrower CPU lane stays ``loaded`` (upstream has no such restart; a request
         for it meanwhile waits for the new child, as for a busy one)."""
         return Status.LOADED if self.restarting else self.status
-
-    @property
-    def replanning(self) -> bool:
-        """Its child is stopped to start again here on a narrower CPU lane, or is on its
-        way back: gone for a moment only (a request waits here for the new child, as on
-        one node). A re-plan's drain is not counted: the requests it waits for may
-        last long."""
-        if self.restarting:
-            return True
-        cause = self.last_stop
-        return self.stopping and cause is not None and cause.reason is StopReason.REPLAN
 
     @property
     def last_eviction(self) -> str | None:

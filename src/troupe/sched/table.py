@@ -223,6 +223,19 @@ class ModelState:
         return self.replanned and self.phase in (Phase.STARTING, Phase.LOADING)
 
     @property
+    def stopping_to_replan(self) -> bool:
+        """Its child is being stopped to start again on a narrower CPU lane."""
+        cause = self.last_stop
+        return self.stopping and cause is not None and cause.reason is StopReason.REPLAN
+
+    @property
+    def replanning(self) -> bool:
+        """Stopped to start again here on a narrower CPU lane, or on its way back: gone
+        for a moment only (a request waits here for the new child, as on one node). A
+        re-plan's drain is not counted: the requests it waits for may last long."""
+        return self.restarting or self.stopping_to_replan
+
+    @property
     def draining_for(self) -> str | None:
         """The model it makes room for, while it drains (or stops after draining)."""
         return self.drain_for

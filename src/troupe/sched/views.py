@@ -117,6 +117,7 @@ def model_views(
             ttl=m.ttl,
             idle_since=m.idle_since,
             restarting=m.restarting,
+            replanning=m.replanning,
             slots=slots.get(name) if slots is not None else None,
             phase=m.phase,
             shown_phase=shown_phase(m),

@@ -70,11 +70,13 @@ def test_a_replan_keeps_the_line_its_drain_does_not() -> None:
     # A child started again on a narrower CPU lane beside a newcomer is back within a
     # load: its requests wait here, not for a cold load on another node.
     replan = StopCause(StopReason.REPLAN, "other")
-    stopping = _view(Status.LOADED, stopping=True, last_stop=replan, draining_for="other")
+    stopping = _view(
+        Status.LOADED, stopping=True, last_stop=replan, draining_for="other", replanning=True
+    )
     assert _reply(stopping) == "100% maxconn:4\n"
     assert _reply(stopping, "warm") == "100% maxconn:4\n"
     assert _reply(stopping, "cold") == "0%\n"
-    coming = _view(Status.UNLOADED, restarting=True, last_stop=replan)
+    coming = _view(Status.UNLOADED, restarting=True, replanning=True, last_stop=replan)
     assert _reply(coming, "warm") == "100% maxconn:4\n"
     assert _reply(coming, "cold") == "0%\n"
     # Its drain waits for requests that may last long: the line steps back meanwhile.
